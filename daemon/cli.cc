@@ -1,0 +1,150 @@
+#include "daemon/cli.h"
+
+#include <optional>
+#include <span>
+#include <string_view>
+#include <system_error>
+
+#include "daemon/config.h"
+#include "daemon/inventory.h"
+#include "fmt/format.h"
+#include "fmt/ostream.h"
+#include "proto/absl_compat.h"
+#include "proto/version.h"
+
+namespace bcd {
+namespace {
+
+struct Command {
+  std::string_view name;
+  std::string_view usage;    // after "bcd NAME"
+  std::string_view summary;
+  std::string_view arrives;  // for commands this build does not do yet: what they wait for
+};
+
+constexpr Command kCommands[] = {
+    {"join", "--token T [--role node|site] | --node-id N [--attestor A]",
+     "join the fleet: key, CSR, Join, store identity and trust bundle", "the join and session work"},
+    {"node", "", "run the node mode in the foreground until SIGTERM", "the join and session work"},
+    {"site", "", "run the site agent in the foreground until SIGTERM", "the site mode"},
+    {"ramdisk", "", "run the ramdisk mode in the foreground until SIGTERM", "the ramdisk mode"},
+    {"status", "", "show this node's identity, trust and session state",
+     "the join and session work"},
+    {"inventory", "", "print this machine's hardware claims as JSON", ""},
+    {"install-script", "--gateway-url U --ca-pin P --token T [...]",
+     "print the installer for a new machine", "the install-script work"},
+    {"version", "", "print the version, protocol range and capabilities", ""},
+};
+
+const Command* FindCommand(std::string_view name) {
+  for (const Command& command : kCommands) {
+    if (command.name == name) return &command;
+  }
+  return nullptr;
+}
+
+void PrintUsage(std::ostream& out) {
+  fmt::print(out, "usage: bcd COMMAND [--config PATH] [options]\n\ncommands:\n");
+  for (const Command& command : kCommands) {
+    fmt::print(out, "  {:<15} {}\n", command.name, command.summary);
+  }
+  fmt::print(out, "\nEvery command takes --config PATH (default /etc/bcd/config.toml).\n");
+}
+
+struct Flags {
+  std::optional<std::filesystem::path> config;
+  bool help = false;
+  std::vector<std::string> rest;  // flags this layer does not know, for the command itself
+};
+
+// Takes --config PATH, --config=PATH and --help; leaves everything else in `rest`.
+std::optional<Flags> ParseFlags(std::span<const std::string> args, std::string_view command,
+                                std::ostream& err) {
+  Flags flags;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--help" || arg == "-h") {
+      flags.help = true;
+    } else if (arg == "--config") {
+      if (i + 1 >= args.size()) {
+        fmt::print(err, "bcd {}: --config needs a path\n", command);
+        return std::nullopt;
+      }
+      flags.config = args[++i];
+    } else if (arg.starts_with("--config=")) {
+      flags.config = arg.substr(9);
+    } else {
+      flags.rest.push_back(arg);
+    }
+  }
+  if (flags.config && flags.config->empty()) {
+    fmt::print(err, "bcd {}: --config needs a path\n", command);
+    return std::nullopt;
+  }
+  return flags;
+}
+
+// The config named by --config, else the default file when it exists, else the embedded default.
+std::optional<Config> LoadConfig(const Flags& flags, const CliEnv& env) {
+  std::filesystem::path path = flags.config.value_or(env.default_config);
+  std::error_code ec;
+  if (!flags.config && !std::filesystem::exists(path, ec)) return Config::EmbeddedDefault();
+  absl::StatusOr<Config> config = Config::Load(path);
+  if (!config.ok()) {
+    fmt::print(env.err, "bcd: bad config:\n{}\n", ToStd(config.status().message()));
+    return std::nullopt;
+  }
+  return *std::move(config);
+}
+
+int Version(const CliEnv& env) {
+  fmt::print(env.out, "bcd {}\nprotocol {}\ncapabilities: (none)\n", BCD_VERSION,
+             proto::kProtocolVersion.ToString());
+  return kExitOk;
+}
+
+int Inventory(const CliEnv& env) {
+  InventorySources sources;
+  sources.root = env.root;
+  sources.architecture = env.architecture;
+  sources.runner = env.runner;
+  sources.now = env.now ? env.now() : 0;
+  fmt::print(env.out, "{}\n", InventoryToJson(CollectInventory(sources)));
+  return kExitOk;
+}
+
+}  // namespace
+
+int RunCli(const std::vector<std::string>& args, const CliEnv& env) {
+  if (args.empty() || args[0] == "help" || args[0] == "--help" || args[0] == "-h") {
+    PrintUsage(args.empty() ? env.err : env.out);
+    return args.empty() ? kExitUsage : kExitOk;
+  }
+  const Command* command = FindCommand(args[0]);
+  if (command == nullptr) {
+    fmt::print(env.err, "bcd: unknown command \"{}\" (see bcd --help)\n", args[0]);
+    return kExitUsage;
+  }
+  std::optional<Flags> flags =
+      ParseFlags(std::span<const std::string>(args).subspan(1), command->name, env.err);
+  if (!flags) return kExitUsage;
+  if (flags->help) {
+    fmt::print(env.out, "usage: bcd {} [--config PATH] {}\n{}\n", command->name, command->usage,
+               command->summary);
+    return kExitOk;
+  }
+  if (!command->arrives.empty()) {
+    fmt::print(env.err, "bcd {}: not implemented yet in this build (comes with {})\n", command->name,
+               command->arrives);
+    return kExitOther;
+  }
+  if (!flags->rest.empty()) {
+    fmt::print(env.err, "bcd {}: unknown option \"{}\"\n", command->name, flags->rest.front());
+    return kExitUsage;
+  }
+  if (!LoadConfig(*flags, env)) return kExitUsage;
+  if (command->name == "version") return Version(env);
+  return Inventory(env);
+}
+
+}  // namespace bcd

@@ -1,0 +1,39 @@
+#pragma once
+
+// The bcd command line. `main` only builds the environment and calls RunCli, so every command runs
+// in tests with its output captured and its machine facts replaced.
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "daemon/subprocess.h"
+
+namespace bcd {
+
+// Exit codes, as the product documents them.
+enum ExitCode : int {
+  kExitOk = 0,
+  kExitOther = 1,
+  kExitUsage = 2,         // bad usage or a bad config
+  kExitJoinRefused = 3,
+  kExitIdentityGone = 4,  // identity expired or revoked
+};
+
+struct CliEnv {
+  std::ostream& out;
+  std::ostream& err;
+  std::filesystem::path root = "/";  // where inventory reads /proc, /sys and /etc
+  std::string architecture;          // uname -m
+  CommandRunner* runner = nullptr;
+  std::function<uint64_t()> now;     // unix seconds
+  std::filesystem::path default_config{"/etc/bcd/config.toml"};
+};
+
+// args excludes the program name.
+int RunCli(const std::vector<std::string>& args, const CliEnv& env);
+
+}  // namespace bcd

@@ -1,0 +1,25 @@
+// bcd: parse the command line and run it. Everything else lives in the libraries.
+
+#include <sys/utsname.h>
+
+#include <ctime>
+#include <iostream>
+
+#include "daemon/cli.h"
+#include "daemon/subprocess.h"
+
+int main(int argc, char** argv) {
+  utsname uts{};
+  uname(&uts);
+  bcd::SubprocessRunner runner;
+  bcd::CliEnv env{
+      .out = std::cout,
+      .err = std::cerr,
+      .root = "/",
+      .architecture = uts.machine,
+      .runner = &runner,
+      .now = [] { return static_cast<uint64_t>(std::time(nullptr)); },
+      .default_config = "/etc/bcd/config.toml",
+  };
+  return bcd::RunCli(std::vector<std::string>(argv + 1, argv + argc), env);
+}

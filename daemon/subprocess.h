@@ -1,0 +1,33 @@
+#pragma once
+
+// Running helper programs (nvidia-smi, dcgmi, ...) behind an interface, so collectors can be tested
+// with canned output and never depend on what a test machine has installed.
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace bcd {
+
+class CommandRunner {
+ public:
+  virtual ~CommandRunner() = default;
+  // Runs argv (argv[0] looked up on PATH) with no stdin and returns its stdout. NotFound when the
+  // program does not exist; an error when it exits non-zero, is killed, prints more than
+  // `max_output` bytes, or runs past `timeout` (it is then killed). Blocks the calling thread.
+  virtual absl::StatusOr<std::string> Run(const std::vector<std::string>& argv,
+                                          std::chrono::milliseconds timeout,
+                                          std::size_t max_output = 1 << 20) = 0;
+};
+
+// Runs real child processes (posix_spawn, a pipe for stdout, stderr discarded).
+class SubprocessRunner final : public CommandRunner {
+ public:
+  absl::StatusOr<std::string> Run(const std::vector<std::string>& argv,
+                                  std::chrono::milliseconds timeout,
+                                  std::size_t max_output = 1 << 20) override;
+};
+
+}  // namespace bcd
