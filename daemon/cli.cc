@@ -17,14 +17,15 @@ namespace {
 
 struct Command {
   std::string_view name;
-  std::string_view usage;    // after "bcd NAME"
+  std::string_view usage;  // after "bcd NAME"
   std::string_view summary;
   std::string_view arrives;  // for commands this build does not do yet: what they wait for
 };
 
 constexpr Command kCommands[] = {
     {"join", "--token T [--role node|site] | --node-id N [--attestor A]",
-     "join the fleet: key, CSR, Join, store identity and trust bundle", "the join and session work"},
+     "join the fleet: key, CSR, Join, store identity and trust bundle",
+     "the join and session work"},
     {"node", "", "run the node mode in the foreground until SIGTERM", "the join and session work"},
     {"site", "", "run the site agent in the foreground until SIGTERM", "the site mode"},
     {"ramdisk", "", "run the ramdisk mode in the foreground until SIGTERM", "the ramdisk mode"},
@@ -134,8 +135,8 @@ int RunCli(const std::vector<std::string>& args, const CliEnv& env) {
     return kExitOk;
   }
   if (!command->arrives.empty()) {
-    fmt::print(env.err, "bcd {}: not implemented yet in this build (comes with {})\n", command->name,
-               command->arrives);
+    fmt::print(env.err, "bcd {}: not implemented yet in this build (comes with {})\n",
+               command->name, command->arrives);
     return kExitOther;
   }
   if (!flags->rest.empty()) {

@@ -18,7 +18,7 @@ namespace bcd {
 enum ExitCode : int {
   kExitOk = 0,
   kExitOther = 1,
-  kExitUsage = 2,         // bad usage or a bad config
+  kExitUsage = 2,  // bad usage or a bad config
   kExitJoinRefused = 3,
   kExitIdentityGone = 4,  // identity expired or revoked
 };
@@ -29,7 +29,7 @@ struct CliEnv {
   std::filesystem::path root = "/";  // where inventory reads /proc, /sys and /etc
   std::string architecture;          // uname -m
   CommandRunner* runner = nullptr;
-  std::function<uint64_t()> now;     // unix seconds
+  std::function<uint64_t()> now;  // unix seconds
   std::filesystem::path default_config{"/etc/bcd/config.toml"};
 };
 

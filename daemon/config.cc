@@ -2,14 +2,14 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cstring>
 #include <fstream>
 #include <functional>
-#include <cstring>
 #include <set>
 #include <sstream>
-#include <algorithm>
 
 #include "fmt/format.h"
 #include "proto/absl_compat.h"
@@ -56,8 +56,10 @@ bool IsDnsName(std::string_view name) {
     start = dot + 1;
   }
   // An all-numeric last label would read as a (bad) IPv4 address.
-  std::string_view last = name.substr(name.rfind('.') == std::string_view::npos ? 0 : name.rfind('.') + 1);
-  return !std::all_of(last.begin(), last.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+  std::string_view last =
+      name.substr(name.rfind('.') == std::string_view::npos ? 0 : name.rfind('.') + 1);
+  return !std::all_of(last.begin(), last.end(),
+                      [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
 }
 
 std::string Lower(std::string_view text) {
@@ -109,7 +111,8 @@ std::optional<std::pair<std::string, std::string_view>> SplitHostPort(std::strin
 
 }  // namespace
 
-absl::StatusOr<Url> Url::Parse(std::string_view text, std::initializer_list<std::string_view> schemes) {
+absl::StatusOr<Url> Url::Parse(std::string_view text,
+                               std::initializer_list<std::string_view> schemes) {
   auto bad = [&](std::string_view why) {
     return absl::InvalidArgumentError(fmt::format("{}, got \"{}\"", why, text));
   };
@@ -133,7 +136,8 @@ absl::StatusOr<Url> Url::Parse(std::string_view text, std::initializer_list<std:
   std::size_t slash = rest.find('/');
   std::string_view authority = rest.substr(0, slash);
   url.path_ = slash == std::string_view::npos ? "" : std::string(rest.substr(slash));
-  if (authority.find('@') != std::string_view::npos) return bad("user info is not allowed in the URL");
+  if (authority.find('@') != std::string_view::npos)
+    return bad("user info is not allowed in the URL");
   auto host_port = SplitHostPort(authority);
   if (!host_port) return bad("the URL's host is malformed");
   auto& [host, port] = *host_port;
@@ -163,9 +167,9 @@ absl::StatusOr<Sha256Pin> Sha256Pin::ParseHex(std::string_view hex) {
   for (std::size_t i = 0; i < 32; ++i) {
     auto [end, ec] = std::from_chars(hex.data() + 2 * i, hex.data() + 2 * i + 2, pin.bytes_[i], 16);
     if (ec != std::errc() || end != hex.data() + 2 * i + 2) {
-      return absl::InvalidArgumentError(fmt::format(
-          "expected 64 hex characters (a sha256), found \"{}\" at position {}", hex.substr(2 * i, 2),
-          2 * i));
+      return absl::InvalidArgumentError(
+          fmt::format("expected 64 hex characters (a sha256), found \"{}\" at position {}",
+                      hex.substr(2 * i, 2), 2 * i));
     }
   }
   return pin;
@@ -202,58 +206,70 @@ class ConfigParser {
       root = toml::parse(text, source_);
     } catch (const toml::parse_error& e) {
       return absl::InvalidArgumentError(fmt::format("{}:{}:{}: invalid TOML: {}", source_,
-                                                    e.source().begin.line,
-                                                    e.source().begin.column, e.description()));
+                                                    e.source().begin.line, e.source().begin.column,
+                                                    e.description()));
     }
     Config config;
     config.source_ = source_;
-    Walk(root, "", {
-        {"gateway_url", [&](const toml::node& n, const std::string& k) {
-           if (auto s = String(n, k)) {
-             if (auto url = Url::Parse(*s, {"https"}); !url.ok()) {
-               Error(n, k, ToStd(url.status().message()));
-             } else if (!url->path().empty() && url->path() != "/") {
-               Error(n, k, fmt::format("a path is not allowed in the gateway URL, got \"{}\"", *s));
-             } else {
-               config.gateway_url_ = *url;
-               gateway_url_node_ = &n;
-             }
-           }
-         }},
-        {"gateway_server_name", [&](const toml::node& n, const std::string& k) {
-           if (auto s = String(n, k)) {
-             if (!IsDnsName(*s)) {
-               Error(n, k, fmt::format("expected a DNS name, got \"{}\"", *s));
-             } else {
-               config.gateway_server_name_ = Lower(*s);
-             }
-           }
-         }},
-        {"gateway_ca_spki_sha256", [&](const toml::node& n, const std::string& k) {
-           config.gateway_ca_pin_ = Pin(n, k);
-         }},
-        {"join_service_key_sha256", [&](const toml::node& n, const std::string& k) {
-           config.join_service_pin_ = Pin(n, k);
-         }},
-        {"state_dir", [&](const toml::node& n, const std::string& k) {
-           if (auto p = AbsolutePath(n, k)) config.state_dir_ = *p;
-         }},
-        {"log_level", [&](const toml::node& n, const std::string& k) {
-           if (auto s = String(n, k)) {
-             for (LogLevel level : {LogLevel::kDebug, LogLevel::kInfo, LogLevel::kWarn, LogLevel::kError}) {
-               if (*s == LogLevelName(level)) {
-                 config.log_level_ = level;
-                 return;
+    Walk(
+        root, "",
+        {
+            {"gateway_url",
+             [&](const toml::node& n, const std::string& k) {
+               if (auto s = String(n, k)) {
+                 if (auto url = Url::Parse(*s, {"https"}); !url.ok()) {
+                   Error(n, k, ToStd(url.status().message()));
+                 } else if (!url->path().empty() && url->path() != "/") {
+                   Error(n, k,
+                         fmt::format("a path is not allowed in the gateway URL, got \"{}\"", *s));
+                 } else {
+                   config.gateway_url_ = *url;
+                   gateway_url_node_ = &n;
+                 }
                }
-             }
-             Error(n, k, fmt::format("expected one of debug, info, warn, error, got \"{}\"", *s));
-           }
-         }},
-        {"websocket", [&](const toml::node& n, const std::string& k) { WebSocket(n, k, &config); }},
-        {"update", [&](const toml::node& n, const std::string& k) { Update(n, k, &config); }},
-        {"imds", [&](const toml::node& n, const std::string& k) { Imds(n, k, &config); }},
-        {"tunnels", [&](const toml::node& n, const std::string& k) { Tunnels(n, k, &config); }},
-    });
+             }},
+            {"gateway_server_name",
+             [&](const toml::node& n, const std::string& k) {
+               if (auto s = String(n, k)) {
+                 if (!IsDnsName(*s)) {
+                   Error(n, k, fmt::format("expected a DNS name, got \"{}\"", *s));
+                 } else {
+                   config.gateway_server_name_ = Lower(*s);
+                 }
+               }
+             }},
+            {"gateway_ca_spki_sha256",
+             [&](const toml::node& n, const std::string& k) {
+               config.gateway_ca_pin_ = Pin(n, k);
+             }},
+            {"join_service_key_sha256",
+             [&](const toml::node& n, const std::string& k) {
+               config.join_service_pin_ = Pin(n, k);
+             }},
+            {"state_dir",
+             [&](const toml::node& n, const std::string& k) {
+               if (auto p = AbsolutePath(n, k)) config.state_dir_ = *p;
+             }},
+            {"log_level",
+             [&](const toml::node& n, const std::string& k) {
+               if (auto s = String(n, k)) {
+                 for (LogLevel level :
+                      {LogLevel::kDebug, LogLevel::kInfo, LogLevel::kWarn, LogLevel::kError}) {
+                   if (*s == LogLevelName(level)) {
+                     config.log_level_ = level;
+                     return;
+                   }
+                 }
+                 Error(n, k,
+                       fmt::format("expected one of debug, info, warn, error, got \"{}\"", *s));
+               }
+             }},
+            {"websocket",
+             [&](const toml::node& n, const std::string& k) { WebSocket(n, k, &config); }},
+            {"update", [&](const toml::node& n, const std::string& k) { Update(n, k, &config); }},
+            {"imds", [&](const toml::node& n, const std::string& k) { Imds(n, k, &config); }},
+            {"tunnels", [&](const toml::node& n, const std::string& k) { Tunnels(n, k, &config); }},
+        });
     if (!config.gateway_url_ && !seen_.contains("gateway_url")) Missing("gateway_url");
     if (!config.gateway_ca_pin_ && !seen_.contains("gateway_ca_spki_sha256")) {
       Missing("gateway_ca_spki_sha256");
@@ -266,7 +282,7 @@ class ConfigParser {
     }
     if (!errors_.empty()) {
       std::string message;
-      for (const std::string& error : errors_) {
+      for (const auto& [line, error] : errors_) {
         if (!message.empty()) message += "\n";
         message += error;
       }
@@ -279,23 +295,34 @@ class ConfigParser {
   using Handler = std::function<void(const toml::node&, const std::string&)>;
 
   void Error(const toml::node& node, std::string_view key, std::string_view message) {
-    errors_.push_back(fmt::format("{}:{}: {}: {}", source_, node.source().begin.line, key, message));
+    Add(node.source().begin.line,
+        fmt::format("{}:{}: {}: {}", source_, node.source().begin.line, key, message));
   }
 
   void Missing(std::string_view key) {
-    errors_.push_back(fmt::format("{}: {}: required key is missing", source_, key));
+    Add(0, fmt::format("{}: {}: required key is missing", source_, key));
+  }
+
+  // toml++ iterates keys in sorted order; errors are reported in file order, missing keys last.
+  void Add(uint32_t line, std::string message) {
+    auto at = std::upper_bound(errors_.begin(), errors_.end(), line, [](uint32_t l, const auto& e) {
+      return l != 0 && (e.first == 0 || l < e.first);
+    });
+    errors_.insert(at, {line, std::move(message)});
   }
 
   // Calls the handler of each key in `table`; unknown keys are errors.
   void Walk(const toml::table& table, std::string_view prefix,
             std::initializer_list<std::pair<std::string_view, Handler>> handlers) {
     for (auto&& [key, node] : table) {
-      std::string dotted = prefix.empty() ? std::string(key.str()) : fmt::format("{}.{}", prefix, key.str());
+      std::string_view name = key.str();
+      std::string dotted = prefix.empty() ? std::string(name) : fmt::format("{}.{}", prefix, name);
       seen_.insert(dotted);
       auto it = std::find_if(handlers.begin(), handlers.end(),
-                             [&](const auto& h) { return h.first == key.str(); });
+                             [name](const auto& h) { return h.first == name; });
       if (it == handlers.end()) {
-        errors_.push_back(fmt::format("{}:{}: {}: unknown key", source_, key.source().begin.line, dotted));
+        Add(key.source().begin.line,
+            fmt::format("{}:{}: {}: unknown key", source_, key.source().begin.line, dotted));
         continue;
       }
       it->second(node, dotted);
@@ -325,7 +352,8 @@ class ConfigParser {
     return *pin;
   }
 
-  std::optional<std::filesystem::path> AbsolutePath(const toml::node& node, const std::string& key) {
+  std::optional<std::filesystem::path> AbsolutePath(const toml::node& node,
+                                                    const std::string& key) {
     std::optional<std::string> text = String(node, key);
     if (!text) return std::nullopt;
     if (text->empty() || text->front() != '/' || text->find('\0') != std::string::npos) {
@@ -340,21 +368,22 @@ class ConfigParser {
     if (!table) return;
     std::optional<Url> url;
     std::optional<std::filesystem::path> proxy_ca_file;
-    Walk(*table, key, {
-        {"url", [&](const toml::node& n, const std::string& k) {
-           if (auto s = String(n, k)) {
-             absl::StatusOr<Url> parsed = Url::Parse(*s, {"wss"});
-             if (parsed.ok()) {
-               url = *parsed;
-             } else {
-               Error(n, k, ToStd(parsed.status().message()));
-             }
-           }
-         }},
-        {"proxy_ca_file", [&](const toml::node& n, const std::string& k) {
-           proxy_ca_file = AbsolutePath(n, k);
-         }},
-    });
+    Walk(*table, key,
+         {
+             {"url",
+              [&](const toml::node& n, const std::string& k) {
+                if (auto s = String(n, k)) {
+                  absl::StatusOr<Url> parsed = Url::Parse(*s, {"wss"});
+                  if (parsed.ok()) {
+                    url = *parsed;
+                  } else {
+                    Error(n, k, ToStd(parsed.status().message()));
+                  }
+                }
+              }},
+             {"proxy_ca_file", [&](const toml::node& n,
+                                   const std::string& k) { proxy_ca_file = AbsolutePath(n, k); }},
+         });
     if (url) {
       config->websocket_ = WebSocketConfig{*url, proxy_ca_file};
     } else if (!seen_.contains(key + ".url")) {
@@ -365,74 +394,83 @@ class ConfigParser {
   void Update(const toml::node& node, const std::string& key, Config* config) {
     const toml::table* table = Table(node, key);
     if (!table) return;
-    Walk(*table, key, {
-        {"release_keys", [&](const toml::node& n, const std::string& k) {
-           const toml::array* array = n.as_array();
-           if (!array) {
-             Error(n, k, fmt::format("expected an array of strings, got {}", TypeName(n)));
-             return;
-           }
-           for (std::size_t i = 0; i < array->size(); ++i) {
-             const toml::node& item = *array->get(i);
-             std::string item_key = fmt::format("{}[{}]", k, i);
-             std::optional<std::string> text = String(item, item_key);
-             if (!text) continue;
-             if (absl::StatusOr<Sha256Pin> pin = Sha256Pin::ParseHex(*text); pin.ok()) {
-               config->release_keys_.emplace_back(*pin);
-             } else if (!text->empty() && text->front() == '/') {
-               config->release_keys_.emplace_back(std::filesystem::path(*text));
-             } else {
-               Error(item, item_key,
-                     fmt::format("expected an SPKI sha256 (64 hex characters) or an absolute path "
-                                 "to a PEM file, got \"{}\"",
-                                 *text));
-             }
-           }
-         }},
-    });
+    Walk(*table, key,
+         {
+             {"release_keys",
+              [&](const toml::node& n, const std::string& k) {
+                const toml::array* array = n.as_array();
+                if (!array) {
+                  Error(n, k, fmt::format("expected an array of strings, got {}", TypeName(n)));
+                  return;
+                }
+                for (std::size_t i = 0; i < array->size(); ++i) {
+                  const toml::node& item = *array->get(i);
+                  std::string item_key = fmt::format("{}[{}]", k, i);
+                  std::optional<std::string> text = String(item, item_key);
+                  if (!text) continue;
+                  if (absl::StatusOr<Sha256Pin> pin = Sha256Pin::ParseHex(*text); pin.ok()) {
+                    config->release_keys_.emplace_back(*pin);
+                  } else if (!text->empty() && text->front() == '/') {
+                    config->release_keys_.emplace_back(std::filesystem::path(*text));
+                  } else {
+                    Error(item, item_key,
+                          fmt::format(
+                              "expected an SPKI sha256 (64 hex characters) or an absolute path "
+                              "to a PEM file, got \"{}\"",
+                              *text));
+                  }
+                }
+              }},
+         });
   }
 
   void Imds(const toml::node& node, const std::string& key, Config* config) {
     const toml::table* table = Table(node, key);
     if (!table) return;
-    Walk(*table, key, {
-        {"listen", [&](const toml::node& n, const std::string& k) {
-           std::optional<std::string> text = String(n, k);
-           if (!text) return;
-           auto host_port = SplitHostPort(*text);
-           std::optional<uint16_t> port = host_port ? ParsePort(host_port->second) : std::nullopt;
-           bool bracketed = text->starts_with('[');
-           if (!host_port || !port ||
-               !(bracketed ? IsIpv6(host_port->first) : IsIpv4(host_port->first))) {
-             Error(n, k, fmt::format("expected IP:PORT (an IPv4 address or a bracketed IPv6 "
-                                     "address, and a port from 1 to 65535), got \"{}\"",
-                                     *text));
-             return;
-           }
-           config->imds_listen_ = ListenAddress{host_port->first, *port};
-         }},
-    });
+    Walk(*table, key,
+         {
+             {"listen",
+              [&](const toml::node& n, const std::string& k) {
+                std::optional<std::string> text = String(n, k);
+                if (!text) return;
+                auto host_port = SplitHostPort(*text);
+                std::optional<uint16_t> port =
+                    host_port ? ParsePort(host_port->second) : std::nullopt;
+                bool bracketed = text->starts_with('[');
+                if (!host_port || !port ||
+                    !(bracketed ? IsIpv6(host_port->first) : IsIpv4(host_port->first))) {
+                  Error(n, k,
+                        fmt::format("expected IP:PORT (an IPv4 address or a bracketed IPv6 "
+                                    "address, and a port from 1 to 65535), got \"{}\"",
+                                    *text));
+                  return;
+                }
+                config->imds_listen_ = ListenAddress{host_port->first, *port};
+              }},
+         });
   }
 
   void Tunnels(const toml::node& node, const std::string& key, Config* config) {
     const toml::table* table = Table(node, key);
     if (!table) return;
-    Walk(*table, key, {
-        {"max", [&](const toml::node& n, const std::string& k) {
-           const auto* value = n.as_integer();
-           if (!value) {
-             Error(n, k, fmt::format("expected an integer, got {}", TypeName(n)));
-           } else if (value->get() < 1 || value->get() > kMaxTunnels) {
-             Error(n, k, fmt::format("expected 1 to {}, got {}", kMaxTunnels, value->get()));
-           } else {
-             config->max_tunnels_ = static_cast<uint32_t>(value->get());
-           }
-         }},
-    });
+    Walk(*table, key,
+         {
+             {"max",
+              [&](const toml::node& n, const std::string& k) {
+                const auto* value = n.as_integer();
+                if (!value) {
+                  Error(n, k, fmt::format("expected an integer, got {}", TypeName(n)));
+                } else if (value->get() < 1 || value->get() > kMaxTunnels) {
+                  Error(n, k, fmt::format("expected 1 to {}, got {}", kMaxTunnels, value->get()));
+                } else {
+                  config->max_tunnels_ = static_cast<uint32_t>(value->get());
+                }
+              }},
+         });
   }
 
   std::string source_;
-  std::vector<std::string> errors_;
+  std::vector<std::pair<uint32_t, std::string>> errors_;  // (line, message), 0 = no line
   std::set<std::string, std::less<>> seen_;
   const toml::node* gateway_url_node_ = nullptr;
 };
@@ -452,7 +490,8 @@ absl::StatusOr<Config> Config::Load(const std::filesystem::path& path) {
   std::ostringstream text;
   text << file.rdbuf();
   if (file.bad()) {
-    return absl::DataLossError(fmt::format("{}: error while reading the config file", path.string()));
+    return absl::DataLossError(
+        fmt::format("{}: error while reading the config file", path.string()));
   }
   return Parse(text.str(), path.string());
 }

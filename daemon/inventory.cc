@@ -179,8 +179,7 @@ void CollectGpus(const InventorySources& sources, pb::HardwareClaims* claims) {
   }
   if (claims->gpus().empty() || sources.runner == nullptr) return;
   absl::StatusOr<std::string> csv = sources.runner->Run(
-      {"nvidia-smi",
-       "--query-gpu=index,uuid,name,serial,memory.total,driver_version,pci.bus_id",
+      {"nvidia-smi", "--query-gpu=index,uuid,name,serial,memory.total,driver_version,pci.bus_id",
        "--format=csv,noheader,nounits"},
       std::chrono::seconds(10));
   if (!csv.ok()) return;  // no driver or no tool: the PCI facts stand alone
@@ -264,12 +263,15 @@ std::vector<NvidiaSmiGpu> ParseNvidiaSmi(std::string_view csv) {
     std::vector<std::string_view> cells;
     for (std::size_t start = 0;;) {
       std::size_t comma = line.find(',', start);
-      cells.push_back(Trim(line.substr(start, comma == std::string_view::npos ? comma : comma - start)));
+      cells.push_back(
+          Trim(line.substr(start, comma == std::string_view::npos ? comma : comma - start)));
       if (comma == std::string_view::npos) break;
       start = comma + 1;
     }
     if (cells.size() != 7 || cells[0].empty() || cells[6].empty()) continue;
-    auto known = [](std::string_view v) { return v.starts_with('[') ? std::string() : std::string(v); };
+    auto known = [](std::string_view v) {
+      return v.starts_with('[') ? std::string() : std::string(v);
+    };
     NvidiaSmiGpu gpu;
     gpu.index = ParseNumber<uint32_t>(cells[0]);
     gpu.uuid = known(cells[1]);

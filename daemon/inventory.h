@@ -1,8 +1,8 @@
 #pragma once
 
 // Hardware claims of this machine, collected from /proc, /sys and /etc under a root directory, so
-// tests run the same code against a fake tree. Collection never fails as a whole: a fact that cannot
-// be read (no DMI in a VM, a serial only root may read) is left empty.
+// tests run the same code against a fake tree. Collection never fails as a whole: a fact that
+// cannot be read (no DMI in a VM, a serial only root may read) is left empty.
 //
 // Blocking file I/O and, where an NVIDIA GPU is on the PCI bus, one nvidia-smi run: call it off any
 // event loop.

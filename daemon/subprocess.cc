@@ -92,7 +92,8 @@ absl::StatusOr<std::string> SubprocessRunner::Run(const std::vector<std::string>
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
-      failure = fmt::format("{}: ran past its {} ms limit and was killed", argv[0], timeout.count());
+      failure =
+          fmt::format("{}: ran past its {} ms limit and was killed", argv[0], timeout.count());
       break;
     }
     pollfd pfd{read_end.get(), POLLIN, 0};
@@ -120,7 +121,8 @@ absl::StatusOr<std::string> SubprocessRunner::Run(const std::vector<std::string>
     return absl::NotFoundError(fmt::format("{}: not found", argv[0]));
   }
   if (WEXITSTATUS(status) != 0) {
-    return absl::InternalError(fmt::format("{}: exited with status {}", argv[0], WEXITSTATUS(status)));
+    return absl::InternalError(
+        fmt::format("{}: exited with status {}", argv[0], WEXITSTATUS(status)));
   }
   return output;
 }

@@ -5,8 +5,10 @@
 
 #include "absl/strings/cord.h"
 #include "fmt/format.h"
-#include "proto/absl_compat.h"
 #include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/reflection.h"
+#include "google/protobuf/unknown_field_set.h"
+#include "proto/absl_compat.h"
 
 namespace bcd::proto {
 namespace {
@@ -53,10 +55,47 @@ absl::Status WithError(absl::Status status, ProtocolError error) {
 }
 
 absl::Status TooLarge(const google::protobuf::Descriptor& type, std::size_t size) {
-  return WithError(absl::ResourceExhaustedError(fmt::format(
-                       "FRAME_TOO_LARGE: {} of {} bytes is over its bound of {} bytes",
-                       type.full_name(), size, MessageBound(type))),
+  return WithError(absl::ResourceExhaustedError(
+                       fmt::format("FRAME_TOO_LARGE: {} of {} bytes is over its bound of {} bytes",
+                                   type.full_name(), size, MessageBound(type))),
                    ProtocolError::kFrameTooLarge);
+}
+
+absl::Status Invalid(const google::protobuf::Descriptor& type, std::string_view why) {
+  return WithError(
+      absl::InvalidArgumentError(fmt::format("INVALID_FRAME: {}: {}", type.full_name(), why)),
+      ProtocolError::kInvalidFrame);
+}
+
+// Protobuf keeps a known field number that arrives with the wrong wire type as an unknown field.
+// For us that is a malformed message, not a newer peer: refuse it, in `message` and everything
+// nested in it.
+absl::Status CheckWireTypes(const google::protobuf::Message& message) {
+  const google::protobuf::Reflection& reflection = *message.GetReflection();
+  const google::protobuf::Descriptor& type = *message.GetDescriptor();
+  const google::protobuf::UnknownFieldSet& unknown = reflection.GetUnknownFields(message);
+  for (int i = 0; i < unknown.field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* field =
+        type.FindFieldByNumber(unknown.field(i).number());
+    if (field != nullptr) {
+      return Invalid(type, fmt::format("field {} ({}) has the wrong wire type", field->number(),
+                                       field->name()));
+    }
+  }
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  reflection.ListFields(message, &fields);
+  for (const google::protobuf::FieldDescriptor* field : fields) {
+    if (field->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) continue;
+    if (field->is_repeated()) {
+      for (int j = 0; j < reflection.FieldSize(message, field); ++j) {
+        if (auto s = CheckWireTypes(reflection.GetRepeatedMessage(message, field, j)); !s.ok())
+          return s;
+      }
+    } else if (auto s = CheckWireTypes(reflection.GetMessage(message, field)); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -112,6 +151,10 @@ absl::Status DecodeMessage(std::string_view bytes, google::protobuf::Message* ou
                          "invalid UTF-8 or nested deeper than {})",
                          bytes.size(), type.full_name(), kMaxNestingDepth)),
                      ProtocolError::kInvalidFrame);
+  }
+  if (absl::Status status = CheckWireTypes(*out); !status.ok()) {
+    out->Clear();
+    return status;
   }
   return absl::OkStatus();
 }

@@ -43,7 +43,10 @@ std::size_t MessageBound(const google::protobuf::Descriptor& type);
 absl::StatusOr<std::string> EncodeMessage(const google::protobuf::Message& message);
 
 // Replaces `*out` with the decoding of `bytes`. FRAME_TOO_LARGE when `bytes` exceeds the bound of
-// out's type (checked before parsing), INVALID_FRAME when the bytes do not decode.
+// out's type (checked before parsing), INVALID_FRAME when the bytes do not decode: truncated,
+// malformed, invalid UTF-8 in a string, nested deeper than kMaxNestingDepth, or a known field with
+// the wrong wire type (which protobuf alone would keep as an unknown field). On error *out is
+// empty.
 absl::Status DecodeMessage(std::string_view bytes, google::protobuf::Message* out);
 
 template <typename T>

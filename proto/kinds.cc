@@ -14,7 +14,6 @@ constexpr uint8_t kSiteM = static_cast<uint8_t>(Mode::kSite);
 constexpr uint8_t kRamdiskM = static_cast<uint8_t>(Mode::kRamdisk);
 constexpr uint8_t kAllModes = kNodeM | kSiteM | kRamdiskM;
 
-
 #define BCD_AGENT(name) "bettercompute.agent.v1." name
 #define BCD_SITE(name) "bettercompute.site.v1." name
 #define BCD_DRIVER(name) "bettercompute.driver.v1." name
@@ -30,8 +29,8 @@ constexpr std::array kKinds = {
              BCD_AGENT("DaemonUpgradePayload"), BCD_AGENT("DaemonUpgradeResult")},
     KindSpec{"driver.invoke", kNodeM, Lane::kDriver, seconds(0), kSigned | kTimeoutFromPayload,
              BCD_DRIVER("DriverInvokePayload"), BCD_DRIVER("DriverInvokeResult")},
-    KindSpec{"bmc.powerOn", kSiteM, Lane::kPerBmc, minutes(2), kSigned,
-             BCD_SITE("BmcPowerPayload"), BCD_SITE("BmcPowerResult")},
+    KindSpec{"bmc.powerOn", kSiteM, Lane::kPerBmc, minutes(2), kSigned, BCD_SITE("BmcPowerPayload"),
+             BCD_SITE("BmcPowerResult")},
     KindSpec{"bmc.powerOff", kSiteM, Lane::kPerBmc, minutes(2), kSigned | kQuorum,
              BCD_SITE("BmcPowerPayload"), BCD_SITE("BmcPowerResult")},
     KindSpec{"bmc.powerCycle", kSiteM, Lane::kPerBmc, minutes(2), kSigned | kQuorum,
@@ -40,8 +39,8 @@ constexpr std::array kKinds = {
              BCD_SITE("BmcPowerPayload"), BCD_SITE("BmcPowerResult")},
     KindSpec{"bmc.setBootDevice", kSiteM, Lane::kPerBmc, minutes(2), kSigned,
              BCD_SITE("BmcSetBootDevicePayload"), BCD_SITE("BmcSetBootDeviceResult")},
-    KindSpec{"bmc.rotate", kSiteM, Lane::kPerBmc, minutes(2), kSigned,
-             BCD_SITE("BmcRotatePayload"), BCD_SITE("BmcRotateResult")},
+    KindSpec{"bmc.rotate", kSiteM, Lane::kPerBmc, minutes(2), kSigned, BCD_SITE("BmcRotatePayload"),
+             BCD_SITE("BmcRotateResult")},
     KindSpec{"site.httpProxy", kSiteM, Lane::kControl, seconds(30), kSigned,
              BCD_SITE("HttpProxyPayload"), BCD_SITE("HttpProxyResult")},
     KindSpec{"boot.prepareRamdisk", kSiteM, Lane::kControl, seconds(60), kSigned,

@@ -15,7 +15,7 @@ namespace bcd::proto {
 
 enum class Mode : uint8_t { kNode = 1, kSite = 2, kRamdisk = 4 };
 
-std::string_view ModeName(Mode mode);                     // "node", "site", "ramdisk"
+std::string_view ModeName(Mode mode);  // "node", "site", "ramdisk"
 std::optional<Mode> ParseMode(std::string_view name);
 
 // Lanes bound concurrency: a command waits for its lane, and its timeout starts when it runs.

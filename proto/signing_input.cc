@@ -75,7 +75,8 @@ std::string BodySigningInput(Purpose purpose, std::string_view body) {
   return SigningInput(purpose, {body});
 }
 
-std::string ApproverSetSigningInput(uint64_t approver_set_epoch, std::string_view approver_set_sha256,
+std::string ApproverSetSigningInput(uint64_t approver_set_epoch,
+                                    std::string_view approver_set_sha256,
                                     std::string_view trust_domain) {
   return SigningInput(Purpose::kApproverSet,
                       {Uint64Be(approver_set_epoch), approver_set_sha256, trust_domain});
@@ -91,7 +92,8 @@ std::string SecretRequestSigningInput(const bettercompute::agent::v1::SecretRequ
                        request.allocation_id(), request.epk(), request.request_id()});
 }
 
-std::string WorkloadTokenSigningInput(const bettercompute::agent::v1::WorkloadTokenRequest& request) {
+std::string WorkloadTokenSigningInput(
+    const bettercompute::agent::v1::WorkloadTokenRequest& request) {
   return SigningInput(Purpose::kWorkloadToken, {request.request_id(), request.instance_id(),
                                                 request.audience(), request.epk()});
 }

@@ -49,14 +49,17 @@ std::string SigningInput(Purpose purpose, std::initializer_list<std::string_view
 // gateway-proof, discovery.
 std::string BodySigningInput(Purpose purpose, std::string_view body);
 
-std::string ApproverSetSigningInput(uint64_t approver_set_epoch, std::string_view approver_set_sha256,
+std::string ApproverSetSigningInput(uint64_t approver_set_epoch,
+                                    std::string_view approver_set_sha256,
                                     std::string_view trust_domain);
 std::string ApproveSigningInput(std::string_view sha256_of_body_or_manifest);
 // Covers every field of the request except node_sig.
 std::string SecretRequestSigningInput(const bettercompute::agent::v1::SecretRequest& request);
 // Covers every field of the request except node_sig.
-std::string WorkloadTokenSigningInput(const bettercompute::agent::v1::WorkloadTokenRequest& request);
-// Covers the request's csr, timestamp, nonce and chain[0] (the current leaf); empty leaf if no chain.
+std::string WorkloadTokenSigningInput(
+    const bettercompute::agent::v1::WorkloadTokenRequest& request);
+// Covers the request's csr, timestamp, nonce and chain[0] (the current leaf); empty leaf if no
+// chain.
 std::string RenewSigningInput(const bettercompute::agent::v1::RenewRequest& request);
 std::string WsSessionSigningInput(std::string_view nonce, uint64_t time, std::string_view leaf_der,
                                   std::string_view host);

@@ -26,7 +26,8 @@ std::optional<int64_t> ParseInteger(std::string_view text) {
 absl::StatusOr<ProtocolRange> ProtocolRange::Make(int64_t min, int64_t max) {
   if (min < 1) return InvalidConfig(fmt::format("protocol range minimum {} is below 1", min));
   if (max < min) {
-    return InvalidConfig(fmt::format("protocol range maximum {} is below its minimum {}", max, min));
+    return InvalidConfig(
+        fmt::format("protocol range maximum {} is below its minimum {}", max, min));
   }
   if (max > std::numeric_limits<uint32_t>::max()) {
     return InvalidConfig(fmt::format("protocol range maximum {} is out of range", max));
@@ -70,9 +71,9 @@ absl::Status CheckWelcomeVersion(const ProtocolRange& daemon, uint32_t protocol_
     return absl::OkStatus();
   }
   if (!daemon.Contains(protocol_version)) {
-    return absl::InvalidArgumentError(fmt::format(
-        "Welcome chose protocol version {}, outside this daemon's range {}", protocol_version,
-        daemon.ToString()));
+    return absl::InvalidArgumentError(
+        fmt::format("Welcome chose protocol version {}, outside this daemon's range {}",
+                    protocol_version, daemon.ToString()));
   }
   return absl::OkStatus();
 }

@@ -1,0 +1,136 @@
+#include "daemon/cli.h"
+
+#include <sstream>
+
+#include "bettercompute/common/v1/common.pb.h"
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+#include "tests/unit/fake_root.h"
+
+namespace bcd {
+namespace {
+
+using bcd::testing::FakeRoot;
+
+struct Result {
+  int code;
+  std::string out;
+  std::string err;
+};
+
+Result RunBcd(std::vector<std::string> args, const std::filesystem::path& root = "/nonexistent",
+              const std::filesystem::path& default_config = "/nonexistent/config.toml") {
+  std::ostringstream out, err;
+  CliEnv env{.out = out,
+             .err = err,
+             .root = root,
+             .architecture = "x86_64",
+             .runner = nullptr,
+             .now = [] { return uint64_t{1700000000}; },
+             .default_config = default_config};
+  int code = RunCli(args, env);
+  return {code, out.str(), err.str()};
+}
+
+TEST(Cli, VersionPrintsVersionProtocolRangeAndCapabilities) {
+  Result r = RunBcd({"version"});
+  EXPECT_EQ(r.code, kExitOk);
+  EXPECT_EQ(r.out, std::string("bcd ") + BCD_VERSION + "\nprotocol 1..1\ncapabilities: (none)\n");
+  EXPECT_EQ(r.err, "");
+}
+
+TEST(Cli, InventoryPrintsTheClaimsOfTheRootAsJson) {
+  FakeRoot root;
+  root.PopulateServer();
+  Result r = RunBcd({"inventory"}, root.path());
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+  bettercompute::common::v1::HardwareClaims claims;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(r.out, &claims).ok()) << r.out;
+  EXPECT_EQ(claims.hostname(), "gpu-node-7");
+  EXPECT_EQ(claims.cpu().architecture(), "x86_64");
+  EXPECT_EQ(claims.collected_at(), 1700000000u);
+  EXPECT_EQ(claims.gpus_size(), 1);
+}
+
+TEST(Cli, NoArgumentsIsAUsageError) {
+  Result r = RunBcd({});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_NE(r.err.find("usage: bcd COMMAND"), std::string::npos);
+}
+
+TEST(Cli, HelpListsEveryCommand) {
+  Result r = RunBcd({"--help"});
+  EXPECT_EQ(r.code, kExitOk);
+  for (const char* name :
+       {"join", "node", "site", "ramdisk", "status", "inventory", "install-script", "version"}) {
+    EXPECT_NE(r.out.find(std::string("  ") + name + " "), std::string::npos) << name;
+  }
+}
+
+TEST(Cli, UnknownCommandIsAUsageError) {
+  Result r = RunBcd({"frobnicate"});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_EQ(r.err, "bcd: unknown command \"frobnicate\" (see bcd --help)\n");
+}
+
+TEST(Cli, UnknownOptionIsAUsageError) {
+  Result r = RunBcd({"version", "--verbose"});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_EQ(r.err, "bcd version: unknown option \"--verbose\"\n");
+}
+
+TEST(Cli, ConfigWithoutAPathIsAUsageError) {
+  EXPECT_EQ(RunBcd({"inventory", "--config"}).err, "bcd inventory: --config needs a path\n");
+  EXPECT_EQ(RunBcd({"inventory", "--config="}).code, kExitUsage);
+}
+
+TEST(Cli, CommandsNotInThisBuildSaySoWithExitOne) {
+  for (const char* name : {"join", "node", "site", "ramdisk", "status", "install-script"}) {
+    Result r = RunBcd({name, "--token", "T"});
+    EXPECT_EQ(r.code, kExitOther) << name;
+    EXPECT_NE(r.err.find(std::string("bcd ") + name + ": not implemented yet in this build"),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.out, "");
+  }
+}
+
+TEST(Cli, EveryCommandTakesConfigAndHelp) {
+  for (const char* name :
+       {"join", "node", "site", "ramdisk", "status", "inventory", "install-script", "version"}) {
+    Result r = RunBcd({name, "--config", "/x.toml", "--help"});
+    EXPECT_EQ(r.code, kExitOk) << name;
+    EXPECT_NE(r.out.find(std::string("usage: bcd ") + name + " [--config PATH]"),
+              std::string::npos);
+  }
+}
+
+TEST(Cli, AnExplicitConfigMustLoad) {
+  Result r = RunBcd({"version", "--config", "/nonexistent/bcd.toml"});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_EQ(r.err,
+            "bcd: bad config:\n/nonexistent/bcd.toml: cannot read the config file: No such file or "
+            "directory\n");
+}
+
+TEST(Cli, ABadConfigNamesFileLineAndKey) {
+  FakeRoot dir;
+  dir.Write("bcd.toml", "gateway_url = \"https://gw.test\"\ngateway_ca_spki_sha256 = \"abc\"\n");
+  std::string path = (dir.path() / "bcd.toml").string();
+  Result r = RunBcd({"inventory", "--config=" + path});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_EQ(r.err, "bcd: bad config:\n" + path +
+                       ":2: gateway_ca_spki_sha256: expected 64 hex characters (a sha256), got 3 "
+                       "characters\n");
+}
+
+TEST(Cli, TheDefaultConfigIsReadWhenItExists) {
+  FakeRoot dir;
+  dir.Write("config.toml", "bogus = 1\n");
+  Result r = RunBcd({"version"}, "/nonexistent", dir.path() / "config.toml");
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_NE(r.err.find(":1: bogus: unknown key"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace bcd

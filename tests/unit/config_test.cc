@@ -1,0 +1,284 @@
+#include "daemon/config.h"
+
+#include <fstream>
+
+#include "gtest/gtest.h"
+#include "proto/absl_compat.h"
+
+namespace bcd {
+namespace {
+
+const std::string kPin(64, 'a');
+
+std::string Valid() {
+  return "gateway_url = \"https://gw.eu-1.example.net:443\"\n"
+         "gateway_ca_spki_sha256 = \"" +
+         kPin + "\"\n";
+}
+
+// The error Parse gives for `text` (named "c.toml"); "" when it parses.
+std::string ErrorOf(const std::string& text) {
+  absl::StatusOr<Config> config = Config::Parse(text, "c.toml");
+  if (config.ok()) return "";
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  return std::string(ToStd(config.status().message()));
+}
+
+TEST(Config, ParsesTheFullExample) {
+  std::string text =
+      "gateway_url = \"https://gw.eu-1.example.net:443\"\n"
+      "gateway_server_name = \"gw.eu-1.example.net\"\n"
+      "gateway_ca_spki_sha256 = \"" +
+      std::string(64, 'A') +
+      "\"\n"
+      "join_service_key_sha256 = \"" +
+      std::string(64, '0') +
+      "\"\n"
+      "state_dir = \"/var/lib/bcd\"\n"
+      "log_level = \"debug\"\n"
+      "[websocket]\n"
+      "url = \"wss://gw.eu-1.example.net/v1/session\"\n"
+      "proxy_ca_file = \"/etc/bcd/proxy-ca.pem\"\n"
+      "[update]\n"
+      "release_keys = [\"" +
+      std::string(64, 'b') +
+      "\", \"/etc/bcd/release.pem\"]\n"
+      "[imds]\n"
+      "listen = \"169.254.169.254:80\"\n"
+      "[tunnels]\n"
+      "max = 8\n";
+  absl::StatusOr<Config> config = Config::Parse(text, "c.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->gateway_url()->host(), "gw.eu-1.example.net");
+  EXPECT_EQ(config->gateway_url()->port(), 443);
+  EXPECT_EQ(config->GatewayServerName(), "gw.eu-1.example.net");
+  EXPECT_EQ(config->gateway_ca_spki_sha256()->Hex(), kPin);
+  EXPECT_EQ(config->join_service_key_sha256()->Hex(), std::string(64, '0'));
+  EXPECT_EQ(config->state_dir(), "/var/lib/bcd");
+  EXPECT_EQ(config->log_level(), LogLevel::kDebug);
+  ASSERT_TRUE(config->websocket());
+  EXPECT_EQ(config->websocket()->url.path(), "/v1/session");
+  EXPECT_EQ(config->websocket()->url.port(), 443);
+  EXPECT_EQ(*config->websocket()->proxy_ca_file, "/etc/bcd/proxy-ca.pem");
+  ASSERT_EQ(config->release_keys().size(), 2u);
+  EXPECT_EQ(std::get<Sha256Pin>(config->release_keys()[0]).Hex(), std::string(64, 'b'));
+  EXPECT_EQ(std::get<std::filesystem::path>(config->release_keys()[1]), "/etc/bcd/release.pem");
+  EXPECT_EQ(config->imds_listen()->host, "169.254.169.254");
+  EXPECT_EQ(config->imds_listen()->port, 80);
+  EXPECT_EQ(config->max_tunnels(), 8u);
+  EXPECT_EQ(config->source(), "c.toml");
+}
+
+TEST(Config, MinimalConfigTakesDefaults) {
+  absl::StatusOr<Config> config = Config::Parse(Valid(), "c.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->state_dir(), "/var/lib/bcd");
+  EXPECT_EQ(config->log_level(), LogLevel::kInfo);
+  EXPECT_EQ(config->max_tunnels(), 16u);
+  EXPECT_FALSE(config->websocket());
+  EXPECT_FALSE(config->join_service_key_sha256());
+  EXPECT_FALSE(config->imds_listen());
+  EXPECT_TRUE(config->release_keys().empty());
+}
+
+TEST(Config, EmbeddedDefaultHasNoGateway) {
+  Config config = Config::EmbeddedDefault();
+  EXPECT_FALSE(config.gateway_url());
+  EXPECT_EQ(config.state_dir(), "/var/lib/bcd");
+  EXPECT_EQ(config.source(), "(embedded default)");
+}
+
+TEST(Config, IpGatewayUsesTheServerName) {
+  absl::StatusOr<Config> config = Config::Parse(
+      "gateway_url = \"https://127.0.0.1:8443\"\ngateway_server_name = \"gw.test\"\n"
+      "gateway_ca_spki_sha256 = \"" +
+          kPin + "\"\n",
+      "c.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->gateway_url()->host_is_ip());
+  EXPECT_EQ(config->gateway_url()->port(), 8443);
+  EXPECT_EQ(config->GatewayServerName(), "gw.test");
+}
+
+TEST(Config, Ipv6Gateway) {
+  absl::StatusOr<Config> config = Config::Parse(
+      "gateway_url = \"https://[::1]:9000\"\ngateway_server_name = \"gw.test\"\n"
+      "gateway_ca_spki_sha256 = \"" +
+          kPin + "\"\n",
+      "c.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->gateway_url()->host(), "::1");
+  EXPECT_EQ(config->gateway_url()->port(), 9000);
+}
+
+TEST(ConfigErrors, UnknownTopLevelKey) {
+  EXPECT_EQ(ErrorOf(Valid() + "gateway = 1\n"), "c.toml:3: gateway: unknown key");
+}
+
+TEST(ConfigErrors, UnknownKeyInASection) {
+  EXPECT_EQ(ErrorOf(Valid() + "[websocket]\nurl = \"wss://gw.test/v1/session\"\nurll = \"x\"\n"),
+            "c.toml:5: websocket.urll: unknown key");
+  EXPECT_EQ(ErrorOf(Valid() + "[tunnels]\nmax = 2\nmin = 1\n"),
+            "c.toml:5: tunnels.min: unknown key");
+}
+
+TEST(ConfigErrors, UnknownSection) {
+  EXPECT_EQ(ErrorOf(Valid() + "[proxy]\nurl = \"x\"\n"), "c.toml:3: proxy: unknown key");
+}
+
+TEST(ConfigErrors, WrongTypes) {
+  EXPECT_EQ(ErrorOf("gateway_url = 443\ngateway_ca_spki_sha256 = \"" + kPin + "\"\n"),
+            "c.toml:1: gateway_url: expected a string, got integer");
+  EXPECT_EQ(ErrorOf(Valid() + "log_level = true\n"),
+            "c.toml:3: log_level: expected a string, got boolean");
+  EXPECT_EQ(ErrorOf(Valid() + "websocket = \"wss://x\"\n"),
+            "c.toml:3: websocket: expected a table, got string");
+  EXPECT_EQ(ErrorOf(Valid() + "[tunnels]\nmax = \"16\"\n"),
+            "c.toml:4: tunnels.max: expected an integer, got string");
+  EXPECT_EQ(ErrorOf(Valid() + "[tunnels]\nmax = 1.5\n"),
+            "c.toml:4: tunnels.max: expected an integer, got float");
+  EXPECT_EQ(ErrorOf(Valid() + "[update]\nrelease_keys = \"" + kPin + "\"\n"),
+            "c.toml:4: update.release_keys: expected an array of strings, got string");
+  EXPECT_EQ(ErrorOf(Valid() + "[update]\nrelease_keys = [1]\n"),
+            "c.toml:4: update.release_keys[0]: expected a string, got integer");
+  EXPECT_EQ(ErrorOf(Valid() + "state_dir = 2020-01-01\n"),
+            "c.toml:3: state_dir: expected a string, got date");
+}
+
+TEST(ConfigErrors, BadGatewayUrls) {
+  auto with_url = [](const std::string& url) {
+    return ErrorOf("gateway_url = \"" + url + "\"\ngateway_ca_spki_sha256 = \"" + kPin + "\"\n");
+  };
+  EXPECT_EQ(with_url("http://gw.test"),
+            "c.toml:1: gateway_url: expected a URL with scheme https://, got \"http://gw.test\"");
+  EXPECT_EQ(with_url("gw.test:443"),
+            "c.toml:1: gateway_url: expected a URL with scheme https://, got \"gw.test:443\"");
+  EXPECT_EQ(with_url("https://user:pw@gw.test"),
+            "c.toml:1: gateway_url: user info is not allowed in the URL, got "
+            "\"https://user:pw@gw.test\"");
+  EXPECT_EQ(with_url("https://gw.test:0"),
+            "c.toml:1: gateway_url: the URL's port is not a number from 1 to 65535, got "
+            "\"https://gw.test:0\"");
+  EXPECT_EQ(with_url("https://gw.test:65536"),
+            "c.toml:1: gateway_url: the URL's port is not a number from 1 to 65535, got "
+            "\"https://gw.test:65536\"");
+  EXPECT_EQ(with_url("https://gw.test:"),
+            "c.toml:1: gateway_url: the URL's port is not a number from 1 to 65535, got "
+            "\"https://gw.test:\"");
+  EXPECT_EQ(with_url("https://gw.test/?a=b"),
+            "c.toml:1: gateway_url: a query or fragment is not allowed in the URL, got "
+            "\"https://gw.test/?a=b\"");
+  EXPECT_EQ(with_url("https://gw_x.test"),
+            "c.toml:1: gateway_url: the URL's host is not a DNS name or IP address, got "
+            "\"https://gw_x.test\"");
+  EXPECT_EQ(with_url("https://300.1.1.1"),
+            "c.toml:1: gateway_url: the URL's host is not a DNS name or IP address, got "
+            "\"https://300.1.1.1\"");
+  EXPECT_EQ(with_url("https://[::g]:1"),
+            "c.toml:1: gateway_url: the URL's bracketed host is not an IPv6 address, got "
+            "\"https://[::g]:1\"");
+  EXPECT_EQ(with_url("https://gw.test/v1"),
+            "c.toml:1: gateway_url: a path is not allowed in the gateway URL, got "
+            "\"https://gw.test/v1\"");
+  EXPECT_EQ(
+      with_url("https://"),
+      "c.toml:1: gateway_url: the URL's host is not a DNS name or IP address, got \"https://\"");
+  EXPECT_EQ(with_url("https://gw test"),
+            "c.toml:1: gateway_url: the URL has a space or a non-ASCII character, got \"https://gw "
+            "test\"");
+}
+
+TEST(ConfigErrors, IpGatewayWithoutServerName) {
+  EXPECT_EQ(
+      ErrorOf("gateway_url = \"https://10.0.0.1\"\ngateway_ca_spki_sha256 = \"" + kPin + "\"\n"),
+      "c.toml:1: gateway_server_name: required when gateway_url names an IP address: the "
+      "name the gateway certificate must carry");
+}
+
+TEST(ConfigErrors, BadServerName) {
+  EXPECT_EQ(ErrorOf(Valid() + "gateway_server_name = \"-gw.test\"\n"),
+            "c.toml:3: gateway_server_name: expected a DNS name, got \"-gw.test\"");
+}
+
+TEST(ConfigErrors, PinsThatAreNot64Hex) {
+  EXPECT_EQ(
+      ErrorOf("gateway_url = \"https://gw.test\"\ngateway_ca_spki_sha256 = \"" +
+              std::string(63, 'a') + "\"\n"),
+      "c.toml:2: gateway_ca_spki_sha256: expected 64 hex characters (a sha256), got 63 characters");
+  EXPECT_EQ(
+      ErrorOf(Valid() + "join_service_key_sha256 = \"" + std::string(62, 'a') + "zz\"\n"),
+      "c.toml:3: join_service_key_sha256: expected 64 hex characters (a sha256), found \"zz\" "
+      "at position 62");
+  EXPECT_EQ(
+      ErrorOf(Valid() + "join_service_key_sha256 = \"" + std::string(62, 'a') + "+1\"\n"),
+      "c.toml:3: join_service_key_sha256: expected 64 hex characters (a sha256), found \"+1\" "
+      "at position 62");
+}
+
+TEST(ConfigErrors, MissingRequiredKeys) {
+  EXPECT_EQ(ErrorOf(""),
+            "c.toml: gateway_url: required key is missing\n"
+            "c.toml: gateway_ca_spki_sha256: required key is missing");
+  EXPECT_EQ(
+      ErrorOf(Valid() + "[websocket]\nproxy_ca_file = \"/x.pem\"\n"),
+      "c.toml:3: websocket.url: required key is missing: the [websocket] section needs a url");
+}
+
+TEST(ConfigErrors, BadValues) {
+  EXPECT_EQ(ErrorOf(Valid() + "state_dir = \"var/lib/bcd\"\n"),
+            "c.toml:3: state_dir: expected an absolute path, got \"var/lib/bcd\"");
+  EXPECT_EQ(ErrorOf(Valid() + "log_level = \"verbose\"\n"),
+            "c.toml:3: log_level: expected one of debug, info, warn, error, got \"verbose\"");
+  EXPECT_EQ(ErrorOf(Valid() + "[websocket]\nurl = \"https://gw.test/v1/session\"\n"),
+            "c.toml:4: websocket.url: expected a URL with scheme wss://, got "
+            "\"https://gw.test/v1/session\"");
+  EXPECT_EQ(ErrorOf(Valid() + "[websocket]\nurl = \"wss://gw.test\"\nproxy_ca_file = \"ca.pem\"\n"),
+            "c.toml:5: websocket.proxy_ca_file: expected an absolute path, got \"ca.pem\"");
+  EXPECT_EQ(ErrorOf(Valid() + "[update]\nrelease_keys = [\"release.pem\"]\n"),
+            "c.toml:4: update.release_keys[0]: expected an SPKI sha256 (64 hex characters) or an "
+            "absolute path to a PEM file, got \"release.pem\"");
+  EXPECT_EQ(ErrorOf(Valid() + "[imds]\nlisten = \"169.254.169.254\"\n"),
+            "c.toml:4: imds.listen: expected IP:PORT (an IPv4 address or a bracketed IPv6 address, "
+            "and a port from 1 to 65535), got \"169.254.169.254\"");
+  EXPECT_EQ(ErrorOf(Valid() + "[imds]\nlisten = \"metadata:80\"\n"),
+            "c.toml:4: imds.listen: expected IP:PORT (an IPv4 address or a bracketed IPv6 address, "
+            "and a port from 1 to 65535), got \"metadata:80\"");
+  EXPECT_EQ(ErrorOf(Valid() + "[tunnels]\nmax = 0\n"),
+            "c.toml:4: tunnels.max: expected 1 to 16, got 0");
+  EXPECT_EQ(ErrorOf(Valid() + "[tunnels]\nmax = 17\n"),
+            "c.toml:4: tunnels.max: expected 1 to 16, got 17");
+}
+
+TEST(ConfigErrors, ReportsEveryErrorAtOnce) {
+  EXPECT_EQ(ErrorOf(Valid() + "log_level = \"loud\"\nfoo = 1\n[tunnels]\nmax = 99\n"),
+            "c.toml:3: log_level: expected one of debug, info, warn, error, got \"loud\"\n"
+            "c.toml:4: foo: unknown key\n"
+            "c.toml:6: tunnels.max: expected 1 to 16, got 99");
+}
+
+TEST(ConfigErrors, InvalidToml) {
+  EXPECT_EQ(ErrorOf("gateway_url = \n"),
+            "c.toml:1:15: invalid TOML: Error while parsing key-value pair: expected value, saw "
+            "'\\n'");
+  EXPECT_EQ(ErrorOf(Valid() + "log_level = \"info\"\nlog_level = \"warn\"\n"),
+            "c.toml:4:13: invalid TOML: Error while parsing key-value pair: cannot redefine "
+            "existing string 'log_level'");
+}
+
+TEST(ConfigLoad, NamesAMissingFile) {
+  absl::StatusOr<Config> config = Config::Load("/nonexistent/bcd.toml");
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ToStd(config.status().message()),
+            "/nonexistent/bcd.toml: cannot read the config file: No such file or directory");
+}
+
+TEST(ConfigLoad, ErrorsNameTheFilePath) {
+  std::filesystem::path path = std::filesystem::path(::testing::TempDir()) / "bcd-config-test.toml";
+  std::ofstream(path) << Valid() << "bogus = 1\n";
+  absl::StatusOr<Config> config = Config::Load(path);
+  EXPECT_EQ(ToStd(config.status().message()), path.string() + ":3: bogus: unknown key");
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace bcd
