@@ -1,0 +1,45 @@
+# Shared by scripts/demo and scripts/test: install what is missing, configure and build.
+# Sourced, not run.
+
+set -euo pipefail
+
+BCD_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BCD_JOBS=${BCD_JOBS:-2}
+# CI builds a fresh clone in a new folder each time: let ccache ignore where the tree is.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$BCD_ROOT}
+export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}  # gRPC-heavy translation units take 1-2 GB each; more jobs swap on 2 cores
+
+# Debian 12 packages the build and the tests need.
+BCD_PACKAGES=(
+  cmake ninja-build ccache pkg-config g++ clang libclang-rt-dev clang-format
+  protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev libabsl-dev
+  libssl-dev libboost-dev libtomlplusplus-dev libfmt-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev
+)
+
+log() { printf '\n==> %s\n' "$*" >&2; }
+
+install_missing_packages() {
+  local missing=()
+  for pkg in "${BCD_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "installing ${missing[*]}"
+  local sudo=()
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "run as root, or install: ${missing[*]}" >&2; exit 1; }
+    sudo=(sudo)
+  fi
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+# configure_and_build DIR [cmake args...]
+configure_and_build() {
+  local dir=$1
+  shift
+  log "building $dir"
+  cmake -S "$BCD_ROOT" -B "$BCD_ROOT/$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+  cmake --build "$BCD_ROOT/$dir" -j "$BCD_JOBS"
+}
