@@ -35,11 +35,19 @@ install_missing_packages() {
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
-# configure_and_build DIR [cmake args...]
-configure_and_build() {
+# configure DIR [cmake -D args...]
+configure() {
+  local dir=$1
+  shift
+  cmake -S "$BCD_ROOT" -B "$BCD_ROOT/$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+}
+
+# build DIR [targets...]
+build() {
   local dir=$1
   shift
   log "building $dir"
-  cmake -S "$BCD_ROOT" -B "$BCD_ROOT/$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
-  cmake --build "$BCD_ROOT/$dir" -j "$BCD_JOBS"
+  local targets=()
+  for t in "$@"; do targets+=(--target "$t"); done
+  cmake --build "$BCD_ROOT/$dir" -j "$BCD_JOBS" "${targets[@]}"
 }
