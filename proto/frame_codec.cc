@@ -82,17 +82,17 @@ absl::Status CheckWireTypes(const google::protobuf::Message& message) {
                                        field->name()));
     }
   }
-  std::vector<const google::protobuf::FieldDescriptor*> fields;
-  reflection.ListFields(message, &fields);
-  for (const google::protobuf::FieldDescriptor* field : fields) {
+  for (int i = 0; i < type.field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* field = type.field(i);
     if (field->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) continue;
     if (field->is_repeated()) {
       for (int j = 0; j < reflection.FieldSize(message, field); ++j) {
-        if (auto s = CheckWireTypes(reflection.GetRepeatedMessage(message, field, j)); !s.ok())
-          return s;
+        absl::Status status = CheckWireTypes(reflection.GetRepeatedMessage(message, field, j));
+        if (!status.ok()) return status;
       }
-    } else if (auto s = CheckWireTypes(reflection.GetMessage(message, field)); !s.ok()) {
-      return s;
+    } else if (reflection.HasField(message, field)) {
+      absl::Status status = CheckWireTypes(reflection.GetMessage(message, field));
+      if (!status.ok()) return status;
     }
   }
   return absl::OkStatus();
