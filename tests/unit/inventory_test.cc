@@ -1,5 +1,9 @@
 #include "daemon/inventory.h"
 
+#include <sys/sysinfo.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
@@ -161,6 +165,24 @@ TEST(Inventory, JsonUsesProtoFieldNamesAndRoundTrips) {
   bettercompute::common::v1::HardwareClaims parsed;
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &parsed).ok());
   EXPECT_EQ(parsed.SerializeAsString(), claims.SerializeAsString());
+}
+
+TEST(Inventory, RealMachineAgreesWithTheKernelsOtherAnswers) {
+  utsname uts{};
+  ASSERT_EQ(uname(&uts), 0);
+  struct sysinfo info {};
+  ASSERT_EQ(sysinfo(&info), 0);
+  char hostname[256] = {};
+  ASSERT_EQ(gethostname(hostname, sizeof hostname - 1), 0);
+  SubprocessRunner runner;
+  auto claims = CollectInventory({"/", uts.machine, &runner, 0});
+  EXPECT_EQ(claims.hostname(), hostname);
+  EXPECT_EQ(claims.os().kernel_release(), uts.release);
+  EXPECT_EQ(claims.os().kernel_version(), uts.version);
+  EXPECT_EQ(claims.memory_bytes(), uint64_t{info.totalram} * info.mem_unit);
+  EXPECT_EQ(claims.cpu().threads(), static_cast<uint32_t>(sysconf(_SC_NPROCESSORS_CONF)));
+  EXPECT_GE(claims.cpu().cores(), 1u);
+  EXPECT_FALSE(claims.os().id().empty());
 }
 
 TEST(ParseCpuInfo, CountsWithoutTopologyFields) {
