@@ -9,7 +9,6 @@
 #include <fstream>
 #include <functional>
 #include <set>
-#include <sstream>
 
 #include "fmt/format.h"
 #include "proto/absl_compat.h"
@@ -482,18 +481,24 @@ absl::StatusOr<Config> Config::Parse(std::string_view text, std::string_view sou
 }
 
 absl::StatusOr<Config> Config::Load(const std::filesystem::path& path) {
+  constexpr std::size_t kMaxConfigBytes = 1 << 20;
   std::ifstream file(path, std::ios::binary);
   if (!file) {
     return absl::NotFoundError(
         fmt::format("{}: cannot read the config file: {}", path.string(), std::strerror(errno)));
   }
-  std::ostringstream text;
-  text << file.rdbuf();
+  std::string text(kMaxConfigBytes + 1, '\0');
+  file.read(text.data(), static_cast<std::streamsize>(text.size()));
   if (file.bad()) {
     return absl::DataLossError(
-        fmt::format("{}: error while reading the config file", path.string()));
+        fmt::format("{}: cannot read the config file: {}", path.string(), std::strerror(errno)));
   }
-  return Parse(text.str(), path.string());
+  text.resize(static_cast<std::size_t>(file.gcount()));
+  if (text.size() > kMaxConfigBytes) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: the config file is larger than {} bytes", path.string(), kMaxConfigBytes));
+  }
+  return Parse(text, path.string());
 }
 
 std::string Config::GatewayServerName() const {

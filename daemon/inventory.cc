@@ -22,9 +22,14 @@ constexpr std::size_t kMaxFileBytes = 1 << 20;
 std::string ReadFile(const fs::path& path) {
   std::ifstream file(path, std::ios::binary);
   if (!file) return "";
-  std::string out(kMaxFileBytes, '\0');
-  file.read(out.data(), static_cast<std::streamsize>(out.size()));
-  out.resize(static_cast<std::size_t>(file.gcount()));
+  std::string out;
+  char buffer[4096];
+  while (out.size() < kMaxFileBytes) {
+    file.read(buffer, sizeof buffer);
+    auto n = static_cast<std::size_t>(file.gcount());
+    if (n == 0) break;
+    out.append(buffer, std::min(n, kMaxFileBytes - out.size()));
+  }
   return out;
 }
 

@@ -280,5 +280,20 @@ TEST(ConfigLoad, ErrorsNameTheFilePath) {
   std::filesystem::remove(path);
 }
 
+TEST(ConfigLoad, RefusesAFileOverOneMebibyte) {
+  std::filesystem::path path = std::filesystem::path(::testing::TempDir()) / "bcd-config-big.toml";
+  std::ofstream(path) << Valid() << "# " << std::string(1 << 20, 'x') << "\n";
+  absl::StatusOr<Config> config = Config::Load(path);
+  EXPECT_EQ(ToStd(config.status().message()),
+            path.string() + ": the config file is larger than 1048576 bytes");
+  std::filesystem::remove(path);
+}
+
+TEST(ConfigLoad, ReadsADirectoryAsAnError) {
+  absl::StatusOr<Config> config = Config::Load("/");
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ToStd(config.status().message()), "/: cannot read the config file: Is a directory");
+}
+
 }  // namespace
 }  // namespace bcd
