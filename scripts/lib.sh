@@ -14,7 +14,7 @@ BCD_PACKAGES=(
   cmake ninja-build ccache pkg-config g++ clang libclang-rt-dev clang-format
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev libabsl-dev
   libssl-dev libboost-dev libtomlplusplus-dev libfmt-dev nlohmann-json3-dev
-  libgtest-dev libgmock-dev
+  libgtest-dev libgmock-dev openssl
 )
 
 log() { printf '\n==> %s\n' "$*" >&2; }
@@ -33,6 +33,17 @@ install_missing_packages() {
   fi
   "${sudo[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+# The independent peers of the interop tests (jose), pinned by tests/interop/package-lock.json.
+# Node.js and npm come with the machine; without them the interop test is skipped, not failed.
+install_node_peers() {
+  if ! command -v npm >/dev/null; then
+    log "npm not found: the pki interop test will not run"
+    return 0
+  fi
+  log "installing the interop peers (npm ci)"
+  npm ci --prefix "$BCD_ROOT/tests/interop" --no-audit --no-fund --loglevel=error
 }
 
 # configure DIR [cmake -D args...]
