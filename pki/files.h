@@ -19,4 +19,11 @@ absl::Status AtomicWriteFile(const std::filesystem::path& path, std::string_view
 // The file's content; NotFound when it does not exist, an error when larger than `max_bytes`.
 absl::StatusOr<std::string> ReadWholeFile(const std::filesystem::path& path, std::size_t max_bytes);
 
+class PrivateKey;
+
+// Writes the key as PKCS#8 PEM, atomically, mode 0600.
+absl::Status StorePrivateKey(const std::filesystem::path& path, const PrivateKey& key);
+// Reads a PEM key file; refuses one that group or others may read or write.
+absl::StatusOr<PrivateKey> LoadPrivateKey(const std::filesystem::path& path);
+
 }  // namespace bcd::pki
