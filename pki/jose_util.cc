@@ -16,6 +16,13 @@ std::optional<nlohmann::json> ParseJsonObject(std::string_view text, std::size_t
   return value;
 }
 
+std::optional<std::string> StringMember(const nlohmann::json& object, std::string_view name) {
+  if (!object.is_object()) return std::nullopt;
+  auto it = object.find(name);
+  if (it == object.end() || !it->is_string()) return std::nullopt;
+  return it->get<std::string>();
+}
+
 std::vector<std::string_view> SplitCompact(std::string_view compact) {
   std::vector<std::string_view> parts;
   while (true) {

@@ -78,11 +78,7 @@ absl::StatusOr<std::string> OpenJwe(std::string_view compact, const PrivateKey& 
   std::optional<json> header =
       header_text ? ParseJsonObject(*header_text, kMaxHeaderBytes) : std::nullopt;
   if (!header) return Refuse("the protected header is not base64url of a JSON object");
-  auto member = [&](const char* name) -> std::optional<std::string> {
-    auto it = header->find(name);
-    if (it == header->end() || !it->is_string()) return std::nullopt;
-    return it->get<std::string>();
-  };
+  auto member = [&](std::string_view name) { return StringMember(*header, name); };
   if (std::optional<std::string> alg = member("alg"); alg != kAlg) {
     return Refuse(fmt::format("alg \"{}\" is not {}", alg.value_or(""), kAlg));
   }
@@ -102,16 +98,13 @@ absl::StatusOr<std::string> OpenJwe(std::string_view compact, const PrivateKey& 
     }
   }
   auto epk = header->find("epk");
-  if (epk == header->end() || !epk->is_object() || epk->value("kty", "") != "EC" ||
-      epk->value("crv", "") != "P-256") {
+  if (epk == header->end() || StringMember(*epk, "kty") != "EC" ||
+      StringMember(*epk, "crv") != "P-256") {
     return Refuse("epk is not an EC P-256 JWK");
   }
-  std::optional<std::string> x = epk->contains("x") && (*epk)["x"].is_string()
-                                     ? Base64UrlDecode((*epk)["x"].get<std::string>())
-                                     : std::nullopt;
-  std::optional<std::string> y = epk->contains("y") && (*epk)["y"].is_string()
-                                     ? Base64UrlDecode((*epk)["y"].get<std::string>())
-                                     : std::nullopt;
+  std::optional<std::string> x_text = StringMember(*epk, "x"), y_text = StringMember(*epk, "y");
+  std::optional<std::string> x = x_text ? Base64UrlDecode(*x_text) : std::nullopt;
+  std::optional<std::string> y = y_text ? Base64UrlDecode(*y_text) : std::nullopt;
   if (!x || !y) return Refuse("epk x or y is not base64url");
   absl::StatusOr<PublicKey> ephemeral = PublicKey::FromXY(*x, *y);
   if (!ephemeral.ok()) return Refuse("epk is not a point on P-256");
@@ -151,7 +144,7 @@ absl::StatusOr<std::string> OpenJwe(std::string_view compact, const PrivateKey& 
   plaintext.resize(static_cast<std::size_t>(n + m));
   // Checked after authentication: the header is now known to come from the sender.
   for (const auto& [name, value] : expect.bindings) {
-    std::optional<std::string> got = member(std::string(name).c_str());
+    std::optional<std::string> got = member(name);
     if (got != value) {
       return Refuse(fmt::format("{} \"{}\" does not match the request's \"{}\"", name,
                                 got.value_or(""), value));

@@ -18,14 +18,16 @@ absl::Status Refuse(std::string message) {
 }
 
 std::optional<std::string> StringClaim(const json& claims, const char* name) {
-  auto it = claims.find(name);
-  if (it == claims.end() || !it->is_string()) return std::nullopt;
-  return it->get<std::string>();
+  return StringMember(claims, name);
 }
 
 std::optional<int64_t> IntClaim(const json& claims, const char* name) {
   auto it = claims.find(name);
-  if (it == claims.end() || !it->is_number_integer()) return std::nullopt;
+  // Unsigned values above INT64_MAX would wrap: not a time or a port anyone means.
+  if (it == claims.end() || !it->is_number_integer() ||
+      (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t{INT64_MAX})) {
+    return std::nullopt;
+  }
   return it->get<int64_t>();
 }
 
@@ -42,13 +44,14 @@ absl::StatusOr<PublicKey> FindKey(std::string_view jwks_json, std::string_view k
     return Refuse("the access section's JWKS is not a JSON object with a keys array");
   }
   for (const json& jwk : (*jwks)["keys"]) {
-    if (!jwk.is_object() || jwk.value("kid", json()) != kid) continue;
-    if (jwk.value("kty", "") != "EC" || jwk.value("crv", "") != "P-256" ||
-        !jwk.value("x", json()).is_string() || !jwk.value("y", json()).is_string()) {
+    if (StringMember(jwk, "kid") != kid) continue;
+    std::optional<std::string> x_text = StringMember(jwk, "x"), y_text = StringMember(jwk, "y");
+    if (StringMember(jwk, "kty") != "EC" || StringMember(jwk, "crv") != "P-256" || !x_text ||
+        !y_text) {
       return Refuse(fmt::format("JWKS key \"{}\" is not an EC P-256 key", kid));
     }
-    std::optional<std::string> x = Base64UrlDecode(jwk["x"].get<std::string>());
-    std::optional<std::string> y = Base64UrlDecode(jwk["y"].get<std::string>());
+    std::optional<std::string> x = Base64UrlDecode(*x_text);
+    std::optional<std::string> y = Base64UrlDecode(*y_text);
     absl::StatusOr<PublicKey> key =
         x && y ? PublicKey::FromXY(*x, *y) : absl::InvalidArgumentError("not base64url");
     if (!key.ok())

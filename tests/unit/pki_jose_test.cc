@@ -1,4 +1,5 @@
 #include "gtest/gtest.h"
+#include "pki/base64url.h"
 #include "pki/jwe.h"
 #include "pki/jwt.h"
 #include "proto/absl_compat.h"
@@ -163,6 +164,24 @@ TEST_F(Ticket, RefusesATamperedTicket) {
   absl::StatusOr<TunnelTicket> result = TunnelTicket::Verify(
       ticket, NodeFixtures()["jwks"].get<std::string>(), {"n-1", "sess-1", "tun-1", kFixtureNow});
   EXPECT_EQ(result.status().code(), absl::StatusCode::kUnauthenticated);
+}
+
+TEST_F(Ticket, RefusesAJwksKeyWithMembersOfTheWrongType) {
+  // Found by the fuzzer: a non-string kty used to throw out of the JSON library.
+  std::string jwks = R"({"keys":[{"kty":2,"crv":"P-256","kid":"t1","x":"AA","y":"AA"}]})";
+  EXPECT_EQ(Message(TunnelTicket::Verify(NodeFixtures()["jwt"]["valid"].get<std::string>(), jwks,
+                                         {"n-1", "sess-1", "tun-1", kFixtureNow})
+                        .status()),
+            "tunnel ticket refused: JWKS key \"t1\" is not an EC P-256 key");
+}
+
+TEST_F(Jwe, RefusesAnEpkWithMembersOfTheWrongType) {
+  std::string header =
+      R"({"alg":"ECDH-ES+A256KW","enc":"A256GCM","typ":"bcsecret+jwe","epk":{"kty":1}})";
+  EXPECT_EQ(Message(OpenJwe(Base64UrlEncode(header) + ".a.b.c.d", recipient_,
+                            {kSecretJweType, {}, kFixtureNow})
+                        .status()),
+            "JWE refused: epk is not an EC P-256 JWK");
 }
 
 TEST_F(Ticket, SignsTicketsOfItsOwn) {
