@@ -116,13 +116,7 @@ absl::StatusOr<PublicKey> PublicKey::FromXY(std::string_view x, std::string_view
   return FromSec1(std::string("\x04") + std::string(x) + std::string(y));
 }
 
-std::string PublicKey::SpkiDer() const {
-  unsigned char* der = nullptr;
-  int length = i2d_PUBKEY(key_.get(), &der);
-  std::string out(reinterpret_cast<char*>(der), static_cast<std::size_t>(std::max(length, 0)));
-  OPENSSL_free(der);
-  return out;
-}
+std::string PublicKey::SpkiDer() const { return SpkiDerOf(key_.get()); }
 
 std::string PublicKey::Sec1() const {
   std::string out(65, '\0');
@@ -228,12 +222,9 @@ std::string PrivateKey::ToPem() const {
 
 PublicKey PrivateKey::Public() const {
   // The public half alone, so a PublicKey never carries the secret scalar.
-  unsigned char* der = nullptr;
-  int length = i2d_PUBKEY(key_.get(), &der);
-  const unsigned char* p = der;
-  EvpPkeyPtr pub(d2i_PUBKEY(nullptr, &p, length));
-  OPENSSL_free(der);
-  return PublicKey(std::move(pub));
+  std::string der = SpkiDerOf(key_.get());
+  const auto* p = reinterpret_cast<const unsigned char*>(der.data());
+  return PublicKey(EvpPkeyPtr(d2i_PUBKEY(nullptr, &p, static_cast<long>(der.size()))));
 }
 
 absl::StatusOr<std::string> PrivateKey::SignEs256(std::string_view message) const {

@@ -2,6 +2,8 @@
 
 #include <openssl/err.h>
 
+#include <algorithm>
+
 namespace bcd::pki {
 
 std::string OpenSslError(const char* fallback) {
@@ -15,6 +17,14 @@ std::string OpenSslError(const char* fallback) {
 
 BioPtr ReadBio(std::string_view data) {
   return BioPtr(BIO_new_mem_buf(data.data(), static_cast<int>(data.size())));
+}
+
+std::string SpkiDerOf(EVP_PKEY* key) {
+  unsigned char* der = nullptr;
+  int length = i2d_PUBKEY(key, &der);
+  std::string out(reinterpret_cast<char*>(der), static_cast<std::size_t>(std::max(length, 0)));
+  OPENSSL_free(der);
+  return out;
 }
 
 std::string BioContents(BIO* bio) {

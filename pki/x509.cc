@@ -73,13 +73,7 @@ std::string Certificate::Pem() const {
   return BioContents(bio.get());
 }
 
-std::string Certificate::SpkiDer() const {
-  unsigned char* der = nullptr;
-  int length = i2d_PUBKEY(X509_get0_pubkey(cert_.get()), &der);
-  std::string out(reinterpret_cast<char*>(der), static_cast<std::size_t>(std::max(length, 0)));
-  OPENSSL_free(der);
-  return out;
-}
+std::string Certificate::SpkiDer() const { return SpkiDerOf(X509_get0_pubkey(cert_.get())); }
 
 int64_t Certificate::NotBefore() const { return ToUnix(X509_get0_notBefore(cert_.get())); }
 int64_t Certificate::NotAfter() const { return ToUnix(X509_get0_notAfter(cert_.get())); }
@@ -267,12 +261,7 @@ absl::StatusOr<PublicKey> VerifyCsr(std::string_view der) {
     OpenSslError();
     return absl::UnauthenticatedError("the CSR's self-signature does not verify");
   }
-  unsigned char* spki = nullptr;
-  int length = i2d_PUBKEY(key, &spki);
-  std::string spki_der(reinterpret_cast<char*>(spki),
-                       static_cast<std::size_t>(std::max(length, 0)));
-  OPENSSL_free(spki);
-  return PublicKey::FromSpkiDer(spki_der);
+  return PublicKey::FromSpkiDer(SpkiDerOf(key));
 }
 
 }  // namespace bcd::pki
