@@ -7,8 +7,10 @@
 
 #include "daemon/config.h"
 #include "daemon/inventory.h"
+#include "daemon/join.h"
 #include "fmt/format.h"
 #include "fmt/ostream.h"
+#include "pki/files.h"
 #include "proto/absl_compat.h"
 #include "proto/version.h"
 
@@ -114,6 +116,93 @@ int Inventory(const CliEnv& env) {
   return kExitOk;
 }
 
+// The value after `name` in `rest` (removing both), or nullopt when absent; sets *bad when the
+// value is missing.
+std::optional<std::string> TakeOption(std::vector<std::string>* rest, std::string_view name,
+                                      bool* bad) {
+  for (std::size_t i = 0; i < rest->size(); ++i) {
+    const std::string& arg = (*rest)[i];
+    if (arg == name) {
+      if (i + 1 >= rest->size()) {
+        *bad = true;
+        return std::nullopt;
+      }
+      std::string value = (*rest)[i + 1];
+      rest->erase(rest->begin() + static_cast<long>(i), rest->begin() + static_cast<long>(i) + 2);
+      return value;
+    }
+    if (arg.starts_with(std::string(name) + "=")) {
+      std::string value = arg.substr(name.size() + 1);
+      rest->erase(rest->begin() + static_cast<long>(i));
+      return value;
+    }
+  }
+  return std::nullopt;
+}
+
+int Join(Flags flags, const CliEnv& env) {
+  bool bad = false;
+  std::optional<std::string> token = TakeOption(&flags.rest, "--token", &bad);
+  std::optional<std::string> role = TakeOption(&flags.rest, "--role", &bad);
+  std::optional<std::string> node_id = TakeOption(&flags.rest, "--node-id", &bad);
+  std::optional<std::string> attestor = TakeOption(&flags.rest, "--attestor", &bad);
+  std::optional<std::string> credential_file = TakeOption(&flags.rest, "--credential-file", &bad);
+  if (bad || !flags.rest.empty()) {
+    fmt::print(
+        env.err, "bcd join: {}\n",
+        bad ? "an option is missing its value" : "unknown option \"" + flags.rest.front() + "\"");
+    return kExitUsage;
+  }
+  if (token.has_value() == node_id.has_value()) {
+    fmt::print(env.err, "bcd join: give either --token T or --node-id N\n");
+    return kExitUsage;
+  }
+  JoinSpec spec;
+  if (role && *role != "node" && *role != "site") {
+    fmt::print(env.err, "bcd join: --role must be node or site, got \"{}\"\n", *role);
+    return kExitUsage;
+  }
+  spec.role =
+      role == "site" ? bettercompute::common::v1::ROLE_SITE : bettercompute::common::v1::ROLE_NODE;
+  if (token) {
+    spec.attestor = attestor.value_or("join-token");
+    spec.evidence = *token;
+  } else {
+    spec.attestor = attestor.value_or("provisioned");
+    spec.node_id = *node_id;
+    std::string path = credential_file.value_or("/etc/bcd/provisioning-credential");
+    absl::StatusOr<std::string> credential = pki::ReadWholeFile(path, 64 * 1024);
+    if (!credential.ok()) {
+      fmt::print(env.err, "bcd join: the provisioning credential: {}\n",
+                 ToStd(credential.status().message()));
+      return kExitUsage;
+    }
+    spec.evidence = *credential;
+  }
+  std::filesystem::path path = flags.config.value_or(env.default_config);
+  absl::StatusOr<Config> config = Config::Load(path);
+  if (!config.ok()) {
+    fmt::print(env.err, "bcd: bad config:\n{}\n", ToStd(config.status().message()));
+    return kExitUsage;
+  }
+  InventorySources sources{env.root, env.architecture, env.runner, env.now ? env.now() : 0};
+  spec.claims = CollectInventory(sources);
+  spec.now = [&env] { return static_cast<int64_t>(env.now()); };
+  spec.sleep = env.sleep;
+  spec.progress = &env.out;
+  absl::StatusOr<Identity> identity = JoinFleet(*config, spec);
+  if (identity.ok()) return kExitOk;
+  fmt::print(env.err, "bcd join: {}\n", ToStd(identity.status().message()));
+  switch (identity.status().code()) {
+    case absl::StatusCode::kPermissionDenied:
+      return kExitJoinRefused;
+    case absl::StatusCode::kInvalidArgument:
+      return kExitUsage;
+    default:
+      return kExitOther;
+  }
+}
+
 }  // namespace
 
 int RunCli(const std::vector<std::string>& args, const CliEnv& env) {
@@ -134,6 +223,7 @@ int RunCli(const std::vector<std::string>& args, const CliEnv& env) {
                command->summary);
     return kExitOk;
   }
+  if (command->name == "join") return Join(*std::move(flags), env);
   if (!command->arrives.empty()) {
     fmt::print(env.err, "bcd {}: not implemented yet in this build (comes with {})\n",
                command->name, command->arrives);

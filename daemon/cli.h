@@ -3,6 +3,7 @@
 // The bcd command line. `main` only builds the environment and calls RunCli, so every command runs
 // in tests with its output captured and its machine facts replaced.
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -30,6 +31,7 @@ struct CliEnv {
   std::string architecture;          // uname -m
   CommandRunner* runner = nullptr;
   std::function<uint64_t()> now;  // unix seconds
+  std::function<void(std::chrono::seconds)> sleep;
   std::filesystem::path default_config{"/etc/bcd/config.toml"};
 };
 

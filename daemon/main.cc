@@ -4,6 +4,7 @@
 
 #include <ctime>
 #include <iostream>
+#include <thread>
 
 #include "daemon/cli.h"
 #include "daemon/subprocess.h"
@@ -19,6 +20,7 @@ int main(int argc, char** argv) {
       .architecture = uts.machine,
       .runner = &runner,
       .now = [] { return static_cast<uint64_t>(std::time(nullptr)); },
+      .sleep = [](std::chrono::seconds delay) { std::this_thread::sleep_for(delay); },
       .default_config = "/etc/bcd/config.toml",
   };
   return bcd::RunCli(std::vector<std::string>(argv + 1, argv + argc), env);

@@ -1,4 +1,5 @@
 #include "gtest/gtest.h"
+#include "pki/issue.h"
 #include "pki/x509.h"
 #include "proto/absl_compat.h"
 #include "tests/unit/pki_fixtures.h"
@@ -133,6 +134,33 @@ TEST(Csr, RefusesATamperedCsr) {
   absl::StatusOr<PublicKey> key = VerifyCsr(csr);
   EXPECT_FALSE(key.ok());
   EXPECT_FALSE(VerifyCsr(csr + "x").ok());
+}
+
+}  // namespace
+}  // namespace bcd::pki
+
+namespace bcd::pki {
+namespace {
+
+TEST(Issue, IssuesAChainThatVerifiesAndCarriesItsIdentity) {
+  PrivateKey ca_key = *PrivateKey::Generate();
+  Certificate ca = *IssueCertificate(
+      {.common_name = "dev CA", .not_before = 1000, .not_after = 100000, .is_ca = true},
+      ca_key.Public(), ca_key, nullptr);
+  PrivateKey leaf_key = *PrivateKey::Generate();
+  Certificate leaf =
+      *IssueCertificate({.common_name = "n-1",
+                         .uri_sans = {"spiffe://dev.test/site/s1/node/n-1", "urn:bc:generation:4"},
+                         .not_before = 1000,
+                         .not_after = 2000,
+                         .client_auth = true},
+                        leaf_key.Public(), ca_key, &ca);
+  EXPECT_TRUE(VerifyChain({leaf}, {ca}, 1500).ok());
+  EXPECT_FALSE(VerifyChain({leaf}, {ca}, 2001).ok());
+  NodeIdentity id = *IdentityOf(leaf);
+  EXPECT_EQ(id.id.node(), "n-1");
+  EXPECT_EQ(id.generation, 4u);
+  EXPECT_EQ(leaf.NotAfter(), 2000);
 }
 
 }  // namespace

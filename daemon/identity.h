@@ -1,0 +1,46 @@
+#pragma once
+
+// The node's identity in the state directory (0700): its key (0600), certificate chain, the pinned
+// JoinService key and the signed trust bundle. Every file is written atomically; a missing or
+// corrupt file is reported with its path and never replaced by an empty one.
+
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "bettercompute/agent/v1/trust.pb.h"
+#include "pki/keys.h"
+#include "pki/x509.h"
+
+namespace bcd {
+
+struct Identity {
+  pki::PrivateKey key;
+  std::vector<pki::Certificate> chain;  // leaf first
+  pki::NodeIdentity node;
+  pki::PublicKey join_service_key;
+  bettercompute::agent::v1::SignedTrustBundle trust_bundle;
+};
+
+class StateDir {
+ public:
+  // Creates the directory 0700 when missing; refuses one that group or others can access.
+  static absl::StatusOr<StateDir> Open(const std::filesystem::path& path);
+
+  const std::filesystem::path& path() const { return path_; }
+  bool HasIdentity() const;
+  absl::Status SaveIdentity(const Identity& identity) const;
+  absl::StatusOr<Identity> LoadIdentity() const;
+
+  std::filesystem::path KeyPath() const { return path_ / "node.key"; }
+  std::filesystem::path ChainPath() const { return path_ / "node.chain.pem"; }
+  std::filesystem::path JoinServiceKeyPath() const { return path_ / "join-service.spki"; }
+  std::filesystem::path TrustBundlePath() const { return path_ / "trust-bundle.binpb"; }
+
+ private:
+  explicit StateDir(std::filesystem::path path) : path_(std::move(path)) {}
+  std::filesystem::path path_;
+};
+
+}  // namespace bcd

@@ -1,0 +1,61 @@
+#include "testing/dev_pki.h"
+
+#include "pki/envelope.h"
+#include "proto/signing_input.h"
+
+namespace bcd::testing {
+
+absl::StatusOr<DevPki> DevPki::Create(int64_t now) {
+  DevPki pki;
+  constexpr int64_t kYear = 365 * 86400;
+  auto ca = [&](const char* cn, const pki::PrivateKey& key) {
+    return pki::IssueCertificate(
+        {.common_name = cn, .not_before = now - 3600, .not_after = now + kYear, .is_ca = true},
+        key.Public(), key, nullptr);
+  };
+  absl::StatusOr<pki::Certificate> serving_ca = ca("bcd dev serving CA", pki.serving_ca_key_);
+  if (!serving_ca.ok()) return serving_ca.status();
+  pki.serving_ca_ = *serving_ca;
+  absl::StatusOr<pki::Certificate> node_ca = ca("bcd dev node CA", pki.node_ca_key_);
+  if (!node_ca.ok()) return node_ca.status();
+  pki.node_ca_ = *node_ca;
+  absl::StatusOr<pki::Certificate> leaf =
+      pki::IssueCertificate({.common_name = kGatewayName,
+                             .dns_sans = {kGatewayName, "localhost"},
+                             .ip_sans = {"127.0.0.1", "::1"},
+                             .not_before = now - 3600,
+                             .not_after = now + kYear,
+                             .server_auth = true},
+                            pki.serving_key_.Public(), pki.serving_ca_key_, &*pki.serving_ca_);
+  if (!leaf.ok()) return leaf.status();
+  pki.serving_leaf_ = *leaf;
+  return pki;
+}
+
+absl::StatusOr<pki::Certificate> DevPki::IssueNode(const pki::PublicKey& subject,
+                                                   const std::string& node_id, uint64_t generation,
+                                                   int64_t now, int64_t lifetime) const {
+  return pki::IssueCertificate(
+      {.common_name = node_id,
+       .uri_sans = {std::string("spiffe://") + kTrustDomain + "/site/" + kSite + "/node/" + node_id,
+                    "urn:bc:generation:" + std::to_string(generation)},
+       .not_before = now - 60,
+       .not_after = now + lifetime,
+       .client_auth = true},
+      subject, node_ca_key_, &*node_ca_);
+}
+
+bettercompute::agent::v1::SignedTrustBundle DevPki::SignedBundle(uint64_t version) const {
+  bettercompute::agent::v1::TrustBundle bundle;
+  bundle.set_trust_domain(kTrustDomain);
+  bundle.set_version(version);
+  bundle.add_node_ca(node_ca_->Der());
+  bettercompute::agent::v1::SignedTrustBundle signed_bundle;
+  signed_bundle.set_body(bundle.SerializeAsString());
+  *signed_bundle.mutable_signature() =
+      *pki::Sign(proto::BodySigningInput(proto::Purpose::kTrustBundle, signed_bundle.body()),
+                 join_key_, "join");
+  return signed_bundle;
+}
+
+}  // namespace bcd::testing

@@ -1,0 +1,55 @@
+#pragma once
+
+// The dev stack's PKI: a serving CA and gateway certificate, a node CA, the JoinService key, a
+// command-signing root and worker key. Fresh keys every time; nothing here is for production.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "bettercompute/agent/v1/trust.pb.h"
+#include "pki/issue.h"
+#include "pki/keys.h"
+#include "pki/x509.h"
+
+namespace bcd::testing {
+
+class DevPki {
+ public:
+  static constexpr char kTrustDomain[] = "dev.test";
+  static constexpr char kSite[] = "dev";
+  static constexpr char kGatewayName[] = "gw.dev.test";
+
+  // Names the gateway certificate carries besides kGatewayName: "localhost", 127.0.0.1 and ::1.
+  static absl::StatusOr<DevPki> Create(int64_t now);
+
+  const pki::PrivateKey& serving_key() const { return serving_key_; }
+  const pki::Certificate& serving_ca() const { return *serving_ca_; }
+  const pki::Certificate& serving_leaf() const { return *serving_leaf_; }
+  // Leaf then serving CA, as the gateway presents them.
+  std::string ServingChainPem() const { return serving_leaf_->Pem() + serving_ca_->Pem(); }
+  // What bcd pins: sha256 of the serving CA's SPKI, hex.
+  std::string ServingCaPinHex() const { return pki::Hex(serving_ca_->SpkiSha256()); }
+
+  const pki::Certificate& node_ca() const { return *node_ca_; }
+  const pki::PrivateKey& join_service_key() const { return join_key_; }
+
+  // A node certificate for `subject` with its SPIFFE id and generation, living `lifetime` seconds.
+  absl::StatusOr<pki::Certificate> IssueNode(const pki::PublicKey& subject,
+                                             const std::string& node_id, uint64_t generation,
+                                             int64_t now, int64_t lifetime) const;
+
+  // The trust bundle of this PKI at `version`, signed by the JoinService key.
+  bettercompute::agent::v1::SignedTrustBundle SignedBundle(uint64_t version) const;
+
+ private:
+  DevPki() = default;
+  pki::PrivateKey serving_ca_key_ = *pki::PrivateKey::Generate();
+  pki::PrivateKey serving_key_ = *pki::PrivateKey::Generate();
+  pki::PrivateKey node_ca_key_ = *pki::PrivateKey::Generate();
+  pki::PrivateKey join_key_ = *pki::PrivateKey::Generate();
+  std::optional<pki::Certificate> serving_ca_, serving_leaf_, node_ca_;
+};
+
+}  // namespace bcd::testing

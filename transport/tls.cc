@@ -1,0 +1,173 @@
+#include "transport/tls.h"
+
+#include <arpa/inet.h>
+#include <openssl/conf.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+
+#include <ctime>
+
+#include "fmt/format.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/security/tls_certificate_provider.h"
+#include "grpcpp/security/tls_certificate_verifier.h"
+#include "grpcpp/security/tls_credentials_options.h"
+#include "grpcpp/server_builder.h"
+#include "grpcpp/support/channel_arguments.h"
+#include "pki/keys.h"
+#include "pki/openssl_util.h"
+#include "pki/x509.h"
+#include "proto/absl_compat.h"
+
+namespace bcd::transport {
+namespace {
+
+constexpr char kTls13Config[] = R"(
+openssl_conf = bcd_openssl_init
+[bcd_openssl_init]
+ssl_conf = bcd_ssl_sect
+[bcd_ssl_sect]
+system_default = bcd_system_default
+[bcd_system_default]
+MinProtocol = TLSv1.3
+Protocol = -SSLv3, -TLSv1, -TLSv1.1, -TLSv1.2
+)";
+
+bool IsIp(const std::string& name) {
+  in6_addr v6{};
+  in_addr v4{};
+  return inet_pton(AF_INET, name.c_str(), &v4) == 1 || inet_pton(AF_INET6, name.c_str(), &v6) == 1;
+}
+
+class PinnedCaVerifier : public grpc::experimental::ExternalCertificateVerifier {
+ public:
+  PinnedCaVerifier(std::array<uint8_t, 32> pin, std::string server_name,
+                   std::shared_ptr<VerificationLog> log)
+      : pin_(pin.begin(), pin.end()), server_name_(std::move(server_name)), log_(std::move(log)) {}
+
+  bool Verify(grpc::experimental::TlsCustomVerificationCheckRequest* request,
+              std::function<void(grpc::Status)>, grpc::Status* sync_status) override {
+    absl::Status status = Check(std::string(request->peer_cert_full_chain().data(),
+                                            request->peer_cert_full_chain().size()));
+    if (status.ok()) {
+      *sync_status = grpc::Status::OK;
+    } else {
+      std::string reason(ToStd(status.message()));
+      if (log_) log_->Record(reason);
+      *sync_status = grpc::Status(grpc::StatusCode::UNAUTHENTICATED, reason);
+    }
+    return true;
+  }
+
+  void Cancel(grpc::experimental::TlsCustomVerificationCheckRequest*) override {}
+
+ private:
+  absl::Status Check(const std::string& chain_pem) const {
+    absl::StatusOr<std::vector<pki::Certificate>> chain = pki::ParsePemChain(chain_pem);
+    if (!chain.ok()) return absl::UnauthenticatedError("the gateway sent no certificate chain");
+    const pki::Certificate* anchor = nullptr;
+    for (const pki::Certificate& cert : *chain) {
+      if (cert.SpkiSha256() == pin_) anchor = &cert;
+    }
+    if (anchor == nullptr) {
+      return absl::UnauthenticatedError(fmt::format(
+          "the gateway's certificate chain does not lead to the pinned CA (SPKI sha256 {})",
+          pki::Hex(pin_)));
+    }
+    if (absl::Status s = pki::VerifyChain(*chain, {*anchor}, std::time(nullptr)); !s.ok()) {
+      return absl::UnauthenticatedError(
+          fmt::format("the gateway's certificate: {}", ToStd(s.message())));
+    }
+    X509* leaf = chain->front().get();
+    int match = IsIp(server_name_)
+                    ? X509_check_ip_asc(leaf, server_name_.c_str(), 0)
+                    : X509_check_host(leaf, server_name_.c_str(), server_name_.size(), 0, nullptr);
+    if (match != 1) {
+      return absl::UnauthenticatedError(
+          fmt::format("the gateway's certificate ({}) is not valid for the name \"{}\"",
+                      chain->front().Subject(), server_name_));
+    }
+    return absl::OkStatus();
+  }
+
+  std::string pin_;
+  std::string server_name_;
+  std::shared_ptr<VerificationLog> log_;
+};
+
+}  // namespace
+
+absl::Status RequireTls13() {
+  static const absl::Status* result = [] {
+    // Loaded before gRPC creates any SSL_CTX; applies to every context (client and server).
+    pki::BioPtr bio = pki::ReadBio(kTls13Config);
+    CONF* conf = NCONF_new_ex(nullptr, nullptr);
+    long error_line = 0;
+    bool ok = conf != nullptr && NCONF_load_bio(conf, bio.get(), &error_line) == 1 &&
+              CONF_modules_load(conf, nullptr, 0) == 1;
+    NCONF_free(conf);
+    if (!ok)
+      return new absl::Status(
+          absl::InternalError("cannot require TLS 1.3: " + pki::OpenSslError()));
+    return new absl::Status();
+  }();
+  return *result;
+}
+
+void VerificationLog::Record(std::string reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  last_ = std::move(reason);
+}
+
+std::string VerificationLog::Last() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_;
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const ChannelSpec& spec) {
+  grpc::experimental::TlsChannelCredentialsOptions options;
+  if (spec.identity) {
+    options.set_certificate_provider(
+        std::make_shared<grpc::experimental::StaticDataCertificateProvider>(
+            std::vector<grpc::experimental::IdentityKeyCertPair>{
+                {spec.identity->key_pem, spec.identity->chain_pem}}));
+    options.watch_identity_key_cert_pairs();
+  }
+  // No root store at all: the pinned-CA verifier is the only judge of the server.
+  options.set_verify_server_certs(false);
+  options.set_check_call_host(false);
+  options.set_certificate_verifier(
+      grpc::experimental::ExternalCertificateVerifier::Create<PinnedCaVerifier>(
+          spec.ca_spki_sha256, spec.server_name, spec.log));
+  grpc::ChannelArguments args;
+  args.SetSslTargetNameOverride(spec.server_name);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // The session engine owns reconnection and its backoff.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 1000);
+  return grpc::CreateCustomChannel(spec.target, grpc::experimental::TlsCredentials(options), args);
+}
+
+std::shared_ptr<grpc::ServerCredentials> MakeServerCredentials(const ServerTlsSpec& spec) {
+  auto provider = std::make_shared<grpc::experimental::StaticDataCertificateProvider>(
+      spec.client_ca_pem,
+      std::vector<grpc::experimental::IdentityKeyCertPair>{{spec.key_pem, spec.chain_pem}});
+  grpc::experimental::TlsServerCredentialsOptions options(provider);
+  options.watch_root_certs();
+  options.watch_identity_key_cert_pairs();
+  options.set_cert_request_type(spec.require_client_cert
+                                    ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                                    : GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
+  return grpc::experimental::TlsServerCredentials(options);
+}
+
+void ConfigureServerKeepalive(grpc::ServerBuilder* builder) {
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+}
+
+}  // namespace bcd::transport
