@@ -1,13 +1,19 @@
 #include "daemon/cli.h"
 
+#include <pthread.h>
+#include <signal.h>
+
 #include <optional>
+#include <random>
 #include <span>
 #include <string_view>
 #include <system_error>
+#include <thread>
 
 #include "daemon/config.h"
 #include "daemon/inventory.h"
 #include "daemon/join.h"
+#include "daemon/node.h"
 #include "fmt/format.h"
 #include "fmt/ostream.h"
 #include "pki/files.h"
@@ -28,8 +34,8 @@ constexpr Command kCommands[] = {
     {"join", "--token T [--role node|site] | --node-id N [--attestor A]",
      "join the fleet: key, CSR, Join, store identity and trust bundle",
      "the join and session work"},
-    {"node", "", "run the node mode in the foreground until SIGTERM", "the join and session work"},
-    {"site", "", "run the site agent in the foreground until SIGTERM", "the site mode"},
+    {"node", "", "run the node mode in the foreground until SIGTERM", ""},
+    {"site", "", "run the site agent in the foreground until SIGTERM (its kinds come later)", ""},
     {"ramdisk", "", "run the ramdisk mode in the foreground until SIGTERM", "the ramdisk mode"},
     {"status", "", "show this node's identity, trust and session state",
      "the join and session work"},
@@ -203,6 +209,55 @@ int Join(Flags flags, const CliEnv& env) {
   }
 }
 
+// Runs a mode in the foreground until SIGTERM or SIGINT.
+int RunMode(const Flags& flags, const CliEnv& env, proto::Mode mode) {
+  if (!flags.rest.empty()) {
+    fmt::print(env.err, "bcd {}: unknown option \"{}\"\n", proto::ModeName(mode),
+               flags.rest.front());
+    return kExitUsage;
+  }
+  absl::StatusOr<Config> config = Config::Load(flags.config.value_or(env.default_config));
+  if (!config.ok()) {
+    fmt::print(env.err, "bcd: bad config:\n{}\n", ToStd(config.status().message()));
+    return kExitUsage;
+  }
+  // Blocked before any thread exists, so every later thread (gRPC's too) inherits the mask and only
+  // the waiter below receives them; it stops the engine.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGUSR1);  // only to release the waiter when the engine stops by itself
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  Logger log(&env.err, config->log_level());
+  std::mt19937_64 rng(std::random_device{}());
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  absl::StatusOr<std::unique_ptr<NodeDaemon>> daemon =
+      NodeDaemon::Create(*config, mode,
+                         {.now = [&env] { return static_cast<int64_t>(env.now()); },
+                          .uniform01 = [&] { return uniform(rng); },
+                          .log = &log});
+  if (!daemon.ok()) {
+    fmt::print(env.err, "bcd {}: {}\n", proto::ModeName(mode), ToStd(daemon.status().message()));
+    return daemon.status().code() == absl::StatusCode::kUnauthenticated ? kExitIdentityGone
+                                                                        : kExitOther;
+  }
+  std::thread waiter([&] {
+    int signal = 0;
+    sigwait(&signals, &signal);
+    if (signal != SIGUSR1) {
+      log.Info("signal", {{"signal", signal == SIGTERM ? "SIGTERM" : "SIGINT"}});
+      (*daemon)->Stop();
+    }
+  });
+  absl::Status status = (*daemon)->Run();
+  pthread_kill(waiter.native_handle(), SIGUSR1);
+  waiter.join();
+  if (status.ok()) return kExitOk;
+  fmt::print(env.err, "bcd {}: {}\n", proto::ModeName(mode), ToStd(status.message()));
+  return kExitIdentityGone;
+}
+
 }  // namespace
 
 int RunCli(const std::vector<std::string>& args, const CliEnv& env) {
@@ -224,6 +279,8 @@ int RunCli(const std::vector<std::string>& args, const CliEnv& env) {
     return kExitOk;
   }
   if (command->name == "join") return Join(*std::move(flags), env);
+  if (command->name == "node") return RunMode(*flags, env, proto::Mode::kNode);
+  if (command->name == "site") return RunMode(*flags, env, proto::Mode::kSite);
   if (!command->arrives.empty()) {
     fmt::print(env.err, "bcd {}: not implemented yet in this build (comes with {})\n",
                command->name, command->arrives);

@@ -1,5 +1,6 @@
 #include "testing/dev_gateway.h"
 
+#include <condition_variable>
 #include <ctime>
 
 #include "bettercompute/agent/v1/session.grpc.pb.h"
@@ -10,6 +11,7 @@
 #include "proto/absl_compat.h"
 #include "proto/frame_codec.h"
 #include "proto/signing_input.h"
+#include "proto/version.h"
 #include "transport/tls.h"
 
 namespace bcd::testing {
@@ -23,8 +25,27 @@ struct JoinToken {
   std::string deferred_csr;  // the CSR a deferral asked to see again
 };
 
+struct OpenSession {
+  grpc::ServerContext* context;
+  grpc::ServerReaderWriter<v1::ServerFrame, v1::AgentFrame>* stream;
+  std::mutex write_mu;
+};
+
 struct DevGateway::State {
   const DevPki* pki;
+  proto::ProtocolRange range = proto::kProtocolVersion;
+  mutable std::condition_variable cv;
+  std::map<std::string, v1::Hello> hellos;                      // guarded by mu
+  std::map<std::string, std::vector<v1::AgentFrame>> received;  // guarded by mu
+  std::map<std::string, std::shared_ptr<OpenSession>> open;     // guarded by mu
+  std::vector<std::string> session_nodes;                       // guarded by mu
+  int welcomes = 0;                                             // guarded by mu
+  int clean_ends = 0;                                           // guarded by mu
+  int refuse_count = 0;                                         // guarded by mu
+  int refuse_code = 0;                                          // guarded by mu
+  std::string refuse_reason;                                    // guarded by mu
+  int64_t refuse_pushback_ms = 0;                               // guarded by mu
+  int next_session = 1;                                         // guarded by mu
   DevGatewayOptions options;
   mutable std::mutex mu;
   std::map<std::string, JoinToken> tokens;  // guarded by mu
@@ -119,6 +140,93 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status Session(grpc::ServerContext* context,
+                       grpc::ServerReaderWriter<v1::ServerFrame, v1::AgentFrame>* stream) override {
+    // The node id comes from the client certificate's SPIFFE SAN, never from a frame.
+    std::vector<grpc::string_ref> pems =
+        context->auth_context()->FindPropertyValues("x509_pem_cert");
+    if (pems.empty()) {
+      return Refuse(context, grpc::StatusCode::UNAUTHENTICATED, "no-client-certificate",
+                    "Session needs a node certificate");
+    }
+    absl::StatusOr<pki::Certificate> cert =
+        pki::Certificate::FromPem(std::string(pems[0].data(), pems[0].size()));
+    absl::StatusOr<pki::NodeIdentity> identity =
+        cert.ok() ? pki::IdentityOf(*cert) : absl::StatusOr<pki::NodeIdentity>(cert.status());
+    if (!identity.ok()) {
+      return Refuse(context, grpc::StatusCode::UNAUTHENTICATED, "bad-identity",
+                    std::string(ToStd(identity.status().message())));
+    }
+    std::string node = identity->id.node();
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      if (state_->refuse_count > 0) {
+        --state_->refuse_count;
+        if (state_->refuse_pushback_ms > 0) {
+          context->AddTrailingMetadata("grpc-retry-pushback-ms",
+                                       std::to_string(state_->refuse_pushback_ms));
+        }
+        return Refuse(context, static_cast<grpc::StatusCode>(state_->refuse_code),
+                      state_->refuse_reason, "refused by the dev gateway");
+      }
+    }
+    v1::AgentFrame first;
+    if (!stream->Read(&first) || !first.has_hello()) {
+      return Refuse(context, grpc::StatusCode::INVALID_ARGUMENT, "expected-hello",
+                    "the first frame must be Hello");
+    }
+    absl::StatusOr<proto::ProtocolRange> daemon =
+        proto::ProtocolRange::Make(first.hello().proto_min(), first.hello().proto_max());
+    absl::StatusOr<proto::Negotiated> negotiated =
+        daemon.ok() ? proto::Negotiate(state_->range, *daemon)
+                    : absl::StatusOr<proto::Negotiated>(daemon.status());
+    if (!negotiated.ok()) {
+      return Refuse(context, grpc::StatusCode::FAILED_PRECONDITION, "protocol-version",
+                    std::string(ToStd(negotiated.status().message())));
+    }
+    auto session = std::make_shared<OpenSession>();
+    session->context = context;
+    session->stream = stream;
+    v1::ServerFrame welcome;
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      welcome.mutable_welcome()->set_protocol_version(negotiated->protocol_version);
+      welcome.mutable_welcome()->set_upgrade_required(negotiated->upgrade_required);
+      welcome.mutable_welcome()->set_session_id("dev-session-" +
+                                                std::to_string(state_->next_session++));
+      welcome.mutable_welcome()->set_server_time(static_cast<uint64_t>(state_->Now()));
+      state_->hellos[node] = first.hello();
+      state_->received[node].clear();
+      state_->open[node] = session;
+      state_->session_nodes.push_back(node);
+    }
+    {
+      std::lock_guard<std::mutex> lock(session->write_mu);
+      stream->Write(welcome);
+    }
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      ++state_->welcomes;
+    }
+    state_->cv.notify_all();
+    v1::AgentFrame frame;
+    while (stream->Read(&frame)) {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->received[node].push_back(frame);
+      state_->cv.notify_all();
+    }
+    {
+      std::lock_guard<std::mutex> lock(session->write_mu);
+      session->stream =
+          nullptr;  // a Push racing the end finds no stream rather than a dangling one
+    }
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (state_->open[node] == session) state_->open.erase(node);
+    if (!context->IsCancelled()) ++state_->clean_ends;
+    state_->cv.notify_all();
+    return grpc::Status::OK;
+  }
+
  private:
   std::shared_ptr<DevGateway::State> state_;
 };
@@ -130,6 +238,9 @@ absl::StatusOr<std::unique_ptr<DevGateway>> DevGateway::Start(const DevPki& pki,
   gateway->state_ = std::make_shared<State>();
   gateway->state_->pki = &pki;
   gateway->state_->options = options;
+  absl::StatusOr<proto::ProtocolRange> range = proto::ProtocolRange::Parse(options.protocol);
+  if (!range.ok()) return range.status();
+  gateway->state_->range = *range;
   gateway->service_ = std::make_unique<AgentGatewayService>(gateway->state_);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen,
@@ -147,7 +258,79 @@ absl::StatusOr<std::unique_ptr<DevGateway>> DevGateway::Start(const DevPki& pki,
 }
 
 DevGateway::~DevGateway() {
-  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  if (server_) {
+    DropSessions();
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  }
+}
+
+bool DevGateway::WaitForWelcomes(int count, std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(state_->mu);
+  return state_->cv.wait_for(lock, timeout, [&] { return state_->welcomes >= count; });
+}
+
+bool DevGateway::WaitForNoSession(const std::string& node_id,
+                                  std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(state_->mu);
+  return state_->cv.wait_for(lock, timeout, [&] { return !state_->open.contains(node_id); });
+}
+
+std::optional<v1::Hello> DevGateway::LastHello(const std::string& node_id) const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  auto it = state_->hellos.find(node_id);
+  if (it == state_->hellos.end()) return std::nullopt;
+  return it->second;
+}
+
+std::vector<std::string> DevGateway::SessionNodes() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->session_nodes;
+}
+
+std::vector<v1::AgentFrame> DevGateway::Received(const std::string& node_id) const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  auto it = state_->received.find(node_id);
+  return it == state_->received.end() ? std::vector<v1::AgentFrame>() : it->second;
+}
+
+bool DevGateway::WaitForReceived(const std::string& node_id, std::size_t count,
+                                 std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(state_->mu);
+  return state_->cv.wait_for(lock, timeout, [&] {
+    auto it = state_->received.find(node_id);
+    return it != state_->received.end() && it->second.size() >= count;
+  });
+}
+
+bool DevGateway::Push(const std::string& node_id, const v1::ServerFrame& frame) {
+  std::shared_ptr<OpenSession> session;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    auto it = state_->open.find(node_id);
+    if (it == state_->open.end()) return false;
+    session = it->second;
+  }
+  std::lock_guard<std::mutex> lock(session->write_mu);
+  return session->stream != nullptr && session->stream->Write(frame);
+}
+
+void DevGateway::RefuseSessions(int count, int code, const std::string& reason,
+                                int64_t pushback_ms) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->refuse_count = count;
+  state_->refuse_code = code;
+  state_->refuse_reason = reason;
+  state_->refuse_pushback_ms = pushback_ms;
+}
+
+void DevGateway::DropSessions() {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  for (auto& [node, session] : state_->open) session->context->TryCancel();
+}
+
+int DevGateway::clean_ends() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->clean_ends;
 }
 
 std::string DevGateway::AddJoinToken(const std::string& node_id, int64_t ttl) {

@@ -2,7 +2,9 @@
 
 // The dev gateway: a real AgentGateway on loopback, over TLS 1.3 with the dev PKI, for bcd's tests
 // and for anyone trying bcd. Today it serves Join (single-use expiring tokens, deferral on demand);
-// Renew, Session and Tunnel answer UNIMPLEMENTED until their work lands.
+// Session reads the node id from the client certificate only, answers Hello with Welcome, and lets
+// tests push frames, refuse sessions and drop them. Renew and Tunnel answer UNIMPLEMENTED until
+// their work lands.
 //
 // Thread-safe: tests call it from their own thread while gRPC threads serve.
 
@@ -11,9 +13,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "bettercompute/agent/v1/session.pb.h"
 #include "testing/dev_pki.h"
 
 namespace grpc {
@@ -24,6 +29,7 @@ namespace bcd::testing {
 
 struct DevGatewayOptions {
   std::string listen = "127.0.0.1:0";
+  std::string protocol = "1..1";       // the gateway's protocol range
   int64_t node_cert_lifetime = 86400;  // seconds
   std::function<int64_t()> now;        // unix seconds; defaults to the system clock
 };
@@ -45,6 +51,27 @@ class DevGateway {
   int joins_granted() const;
   // How many Join calls arrived, granted or not.
   int join_calls() const;
+
+  // Waits (up to `timeout`) until `count` Hellos have been welcomed in total; false on timeout.
+  bool WaitForWelcomes(int count, std::chrono::milliseconds timeout) const;
+  // Waits until `node_id` has no open session; false on timeout.
+  bool WaitForNoSession(const std::string& node_id, std::chrono::milliseconds timeout) const;
+  // The last Hello of `node_id`, and the node ids of every session opened, in order.
+  std::optional<bettercompute::agent::v1::Hello> LastHello(const std::string& node_id) const;
+  std::vector<std::string> SessionNodes() const;
+  // Frames received from `node_id` after its Hello.
+  std::vector<bettercompute::agent::v1::AgentFrame> Received(const std::string& node_id) const;
+  // Waits until `node_id` sent at least `count` frames after its Hello.
+  bool WaitForReceived(const std::string& node_id, std::size_t count,
+                       std::chrono::milliseconds timeout) const;
+  // Sends a frame on the open session of `node_id`; false when it has none.
+  bool Push(const std::string& node_id, const bettercompute::agent::v1::ServerFrame& frame);
+  // The next `count` sessions are refused with this status, x-bc-reason and pushback (0: none).
+  void RefuseSessions(int count, int code, const std::string& reason, int64_t pushback_ms);
+  // Ends every open session with UNAVAILABLE.
+  void DropSessions();
+  // Whether each of the last sessions ended cleanly (the daemon half-closed).
+  int clean_ends() const;
 
   struct State;
 

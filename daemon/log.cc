@@ -1,0 +1,29 @@
+#include "daemon/log.h"
+
+namespace bcd {
+namespace {
+
+std::string Quote(const std::string& value) {
+  bool plain = !value.empty() && value.find_first_of(" \"=\n\t") == std::string::npos;
+  if (plain) return value;
+  std::string out = "\"";
+  for (char c : value) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c == '\n' ? ' ' : c;
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+void Logger::Log(LogLevel level, std::string_view event,
+                 std::initializer_list<std::pair<std::string_view, std::string>> fields) {
+  if (static_cast<int>(level) < static_cast<int>(level_) || out_ == nullptr) return;
+  std::string line = "level=" + std::string(LogLevelName(level)) + " event=" + std::string(event);
+  for (const auto& [key, value] : fields) line += " " + std::string(key) + "=" + Quote(value);
+  line += "\n";
+  std::lock_guard<std::mutex> lock(mu_);
+  *out_ << line << std::flush;
+}
+
+}  // namespace bcd

@@ -1,0 +1,38 @@
+#pragma once
+
+// Structured log lines on a stream (stderr under systemd, where journald keeps them):
+//   level=info event=session.welcome session_id=s-1 version=1
+// Values with spaces or quotes are quoted. Never pass a secret, key or token as a value.
+
+#include <initializer_list>
+#include <mutex>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "daemon/config.h"
+
+namespace bcd {
+
+class Logger {
+ public:
+  Logger(std::ostream* out, LogLevel level) : out_(out), level_(level) {}
+  void Log(LogLevel level, std::string_view event,
+           std::initializer_list<std::pair<std::string_view, std::string>> fields = {});
+  void Info(std::string_view event,
+            std::initializer_list<std::pair<std::string_view, std::string>> fields = {}) {
+    Log(LogLevel::kInfo, event, fields);
+  }
+  void Warn(std::string_view event,
+            std::initializer_list<std::pair<std::string_view, std::string>> fields = {}) {
+    Log(LogLevel::kWarn, event, fields);
+  }
+
+ private:
+  std::mutex mu_;
+  std::ostream* out_;  // guarded by mu_
+  LogLevel level_;
+};
+
+}  // namespace bcd

@@ -1,0 +1,87 @@
+#include "daemon/node.h"
+
+#include "daemon/identity.h"
+#include "fmt/format.h"
+#include "pki/files.h"
+#include "proto/absl_compat.h"
+
+namespace bcd {
+
+absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& config,
+                                                               proto::Mode mode,
+                                                               NodeDaemonEnv env) {
+  if (!config.gateway_url() || !config.gateway_ca_spki_sha256()) {
+    return absl::InvalidArgumentError(config.source() +
+                                      ": needs gateway_url and gateway_ca_spki_sha256");
+  }
+  if (absl::Status s = transport::RequireTls13(); !s.ok()) return s;
+  absl::StatusOr<StateDir> state = StateDir::Open(config.state_dir());
+  if (!state.ok()) return state.status();
+  if (!state->HasIdentity()) {
+    return absl::FailedPreconditionError(
+        fmt::format("this node has not joined (no identity in {}): run bcd join first",
+                    state->path().string()));
+  }
+  absl::StatusOr<Identity> identity = state->LoadIdentity();
+  if (!identity.ok()) return identity.status();
+  int64_t not_after = identity->chain.front().NotAfter();
+  if (not_after <= env.now()) {
+    return absl::UnauthenticatedError(
+        fmt::format("the node certificate expired at {} (unix time): it can no longer renew. "
+                    "Re-join: remove the "
+                    "identity in {} and run bcd join with a new token, or bcd join --node-id on a "
+                    "provisioned machine",
+                    not_after, state->path().string()));
+  }
+  absl::StatusOr<pki::TrustState> trust =
+      pki::TrustState::FromFirstBundle(identity->trust_bundle, identity->join_service_key);
+  if (!trust.ok()) {
+    return absl::DataLossError(
+        fmt::format("{}: {}", state->TrustBundlePath().string(), ToStd(trust.status().message())));
+  }
+  const Url& url = *config.gateway_url();
+  transport::ChannelSpec spec{.target = url.host().find(':') != std::string::npos
+                                            ? fmt::format("[{}]:{}", url.host(), url.port())
+                                            : fmt::format("{}:{}", url.host(), url.port()),
+                              .server_name = config.GatewayServerName()};
+  std::copy(config.gateway_ca_spki_sha256()->bytes().begin(),
+            config.gateway_ca_spki_sha256()->bytes().end(), spec.ca_spki_sha256.begin());
+  StateDir dir = *state;
+  std::unique_ptr<NodeDaemon> daemon(new NodeDaemon());
+  daemon->transport_ = std::make_unique<transport::GrpcTransport>(
+      spec, [dir]() -> absl::StatusOr<transport::ClientIdentity> {
+        // Re-read at every dial: a renewal takes effect on the next one.
+        absl::StatusOr<std::string> key = pki::ReadWholeFile(dir.KeyPath(), 64 * 1024);
+        if (!key.ok()) return key.status();
+        absl::StatusOr<std::string> chain = pki::ReadWholeFile(dir.ChainPath(), 1 << 20);
+        if (!chain.ok()) return chain.status();
+        return transport::ClientIdentity{*key, *chain};
+      });
+  std::string boot_id;
+  if (absl::StatusOr<std::string> id = pki::ReadWholeFile("/proc/sys/kernel/random/boot_id", 256);
+      id.ok()) {
+    boot_id = id->substr(0, id->find('\n'));
+  }
+  SessionOptions options{
+      .role = mode == proto::Mode::kSite ? bettercompute::common::v1::ROLE_SITE
+                                         : bettercompute::common::v1::ROLE_NODE,
+      .now = env.now,
+      .uniform01 = env.uniform01,
+      .status_interval = env.status_interval,
+      .boot_id = boot_id,
+      .started_at = env.now(),
+      .certificate_not_after = not_after,
+      .on_trust = [dir, log = env.log](const bettercompute::agent::v1::SignedTrustBundle& bundle) {
+        if (absl::Status s =
+                pki::AtomicWriteFile(dir.TrustBundlePath(), bundle.SerializeAsString(), 0600);
+            !s.ok() && log) {
+          log->Warn("trust.persist_failed", {{"error", std::string(ToStd(s.message()))}});
+        }
+      }};
+  daemon->engine_ =
+      std::make_unique<SessionEngine>(daemon->transport_.get(), *std::move(trust),
+                                      identity->join_service_key, std::move(options), env.log);
+  return daemon;
+}
+
+}  // namespace bcd

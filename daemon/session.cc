@@ -1,0 +1,223 @@
+#include "daemon/session.h"
+
+#include <thread>
+
+#include "daemon/backoff.h"
+#include "proto/absl_compat.h"
+
+namespace bcd {
+
+namespace v1 = bettercompute::agent::v1;
+
+SessionEngine::SessionEngine(transport::Transport* transport, pki::TrustState trust,
+                             pki::PublicKey join_service_key, SessionOptions options, Logger* log)
+    : transport_(transport),
+      trust_(std::move(trust)),
+      join_service_key_(std::move(join_service_key)),
+      options_(std::move(options)),
+      log_(log) {
+  snapshot_.trust_version = trust_.version();
+}
+
+SessionEngine::~SessionEngine() = default;
+
+void SessionEngine::SetState(std::string state, std::string error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  snapshot_.state = std::move(state);
+  if (!error.empty()) snapshot_.last_error = std::move(error);
+}
+
+SessionSnapshot SessionEngine::Snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return snapshot_;
+}
+
+v1::AgentFrame SessionEngine::Hello() const {
+  v1::AgentFrame frame;
+  v1::Hello* hello = frame.mutable_hello();
+  hello->set_proto_min(options_.range.min());
+  hello->set_proto_max(options_.range.max());
+  hello->set_daemon_version(BCD_VERSION);
+  for (const std::string& capability : options_.capabilities) hello->add_capabilities(capability);
+  hello->set_role(options_.role);
+  hello->set_trust_version(trust_.version());
+  hello->set_applied_generation(0);  // no desired state is applied by this build yet
+  hello->set_last_acked_seq(0);      // no outbox in this build yet
+  hello->set_boot_id(options_.boot_id);
+  hello->set_started_at(static_cast<uint64_t>(options_.started_at));
+  hello->set_approver_set_epoch(trust_.approvers().epoch());
+  hello->set_approver_set_sha256(trust_.approvers().Sha256());
+  return frame;
+}
+
+v1::AgentFrame SessionEngine::Status() const {
+  v1::AgentFrame frame;
+  v1::StatusReport* status = frame.mutable_status();
+  status->set_uptime(
+      static_cast<uint64_t>(std::max<int64_t>(0, options_.now() - options_.started_at)));
+  status->set_trust_version(trust_.version());
+  status->set_certificate_not_after(static_cast<uint64_t>(options_.certificate_not_after));
+  status->set_daemon_version(BCD_VERSION);
+  status->set_approver_set_epoch(trust_.approvers().epoch());
+  status->set_approver_set_sha256(trust_.approvers().Sha256());
+  return frame;
+}
+
+bool SessionEngine::ApplyTrust(const v1::SignedTrustBundle& bundle) {
+  absl::StatusOr<pki::TrustState::Update> update = trust_.Accept(bundle, join_service_key_);
+  if (!update.ok()) {
+    log_->Warn("trust.refused", {{"reason", std::string(ToStd(update.status().message()))}});
+    return false;
+  }
+  trust_ = update->state;
+  if (!update->approver_set_refusal.empty()) {
+    log_->Warn("trust.approver_set_refused", {{"reason", update->approver_set_refusal}});
+  }
+  if (options_.on_trust) options_.on_trust(bundle);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    snapshot_.trust_version = trust_.version();
+  }
+  log_->Info("trust.updated", {{"version", std::to_string(trust_.version())}});
+  return true;
+}
+
+bool SessionEngine::Handle(const v1::ServerFrame& frame) {
+  switch (frame.frame_case()) {
+    case v1::ServerFrame::kTrust:
+      return ApplyTrust(frame.trust());
+    case v1::ServerFrame::FRAME_NOT_SET: {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++snapshot_.unknown_frames;
+      return false;
+    }
+    default: {
+      // Commands, desired state, acks, secrets and tunnels arrive with their own work.
+      std::lock_guard<std::mutex> lock(mu_);
+      ++snapshot_.unhandled_frames;
+      return false;
+    }
+  }
+}
+
+transport::Refusal SessionEngine::Serve(transport::FrameStream& stream, Backoff& backoff) {
+  auto fail = [&](std::string why) {
+    stream.Cancel();
+    transport::Refusal refusal = stream.Finish();
+    refusal.message = std::move(why);
+    refusal.reason = "protocol-error";
+    return refusal;
+  };
+  if (!stream.Write(Hello())) return stream.Finish();
+  v1::ServerFrame first;
+  if (!stream.Read(&first)) return stream.Finish();
+  if (!first.has_welcome()) return fail("the gateway's first frame was not Welcome");
+  const v1::Welcome& welcome = first.welcome();
+  if (absl::Status s = proto::CheckWelcomeVersion(options_.range, welcome.protocol_version(),
+                                                  welcome.upgrade_required());
+      !s.ok()) {
+    return fail(std::string(ToStd(s.message())));
+  }
+  backoff.Reset();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    snapshot_.state = "connected";
+    snapshot_.session_id = welcome.session_id();
+    snapshot_.protocol_version = welcome.protocol_version();
+    snapshot_.upgrade_required = welcome.upgrade_required();
+    ++snapshot_.welcomes;
+  }
+  log_->Info("session.welcome",
+             {{"session_id", welcome.session_id()},
+              {"version", std::to_string(welcome.protocol_version())},
+              {"upgrade_required", welcome.upgrade_required() ? "true" : "false"}});
+  if (welcome.has_trust()) ApplyTrust(welcome.trust());
+  stream.Write(Status());
+
+  // The periodic StatusReport, until this connection ends.
+  std::mutex ticker_mu;
+  std::condition_variable ticker_cv;
+  bool ended = false;
+  std::thread ticker([&] {
+    std::unique_lock<std::mutex> lock(ticker_mu);
+    while (!ticker_cv.wait_for(lock, options_.status_interval, [&] { return ended; })) {
+      lock.unlock();
+      stream.Write(Status());
+      lock.lock();
+    }
+  });
+  v1::ServerFrame frame;
+  while (stream.Read(&frame)) {
+    if (Handle(frame)) stream.Write(Status());  // StatusReport on change
+  }
+  {
+    std::lock_guard<std::mutex> lock(ticker_mu);
+    ended = true;
+  }
+  ticker_cv.notify_all();
+  ticker.join();
+  return stream.Finish();
+}
+
+absl::Status SessionEngine::Run() {
+  Backoff backoff(options_.uniform01);
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) break;
+      snapshot_.state = "connecting";
+    }
+    std::chrono::milliseconds delay{0};
+    absl::StatusOr<std::unique_ptr<transport::FrameStream>> stream = transport_->OpenSession();
+    if (!stream.ok()) {
+      SetState("backoff", std::string(ToStd(stream.status().message())));
+      log_->Warn("session.dial_failed", {{"error", std::string(ToStd(stream.status().message()))}});
+      delay = backoff.Next();
+    } else {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        current_ = stream->get();
+        if (stopping_) (*stream)->CloseSend();
+      }
+      transport::Refusal refusal = Serve(**stream, backoff);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        current_ = nullptr;
+        if (stopping_) break;
+      }
+      cv_.notify_all();
+      std::string error = refusal.code == grpc::StatusCode::OK ? "the gateway ended the session"
+                                                               : refusal.ToString();
+      SetState("backoff", error);
+      log_->Warn("session.ended", {{"reason", refusal.reason}, {"error", error}});
+      if (refusal.NeedsPerson()) {
+        SetState("stopped");
+        return absl::FailedPreconditionError("the gateway " + refusal.ToString() +
+                                             "; a person must act");
+      }
+      delay = refusal.pushback.value_or(backoff.Next());
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, delay, [&] { return stopping_; });
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    snapshot_.state = "stopped";
+    current_ = nullptr;
+  }
+  cv_.notify_all();
+  log_->Info("session.stopped");
+  return absl::OkStatus();
+}
+
+void SessionEngine::Stop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  stopping_ = true;
+  if (current_ != nullptr) current_->CloseSend();
+  cv_.notify_all();
+  if (!cv_.wait_for(lock, std::chrono::seconds(2), [&] { return current_ == nullptr; })) {
+    current_->Cancel();
+  }
+}
+
+}  // namespace bcd

@@ -1,0 +1,87 @@
+#pragma once
+
+// The session engine: dial, Hello, Welcome, serve frames until the stream ends, redial with backoff
+// (full jitter, 1 s base, 60 s cap, the gateway's pushback wins), and stop with a clear error on a
+// refusal only a person can fix (revoked, unknown-node, trust-domain-mismatch).
+//
+// Threading: Run() blocks its caller's thread and owns the stream; Stop() and Snapshot() may be
+// called from any thread. While connected, one helper thread sends the periodic StatusReport.
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "bettercompute/agent/v1/session.pb.h"
+#include "daemon/log.h"
+#include "pki/trust.h"
+#include "proto/version.h"
+#include "transport/transport.h"
+
+namespace bcd {
+
+struct SessionOptions {
+  bettercompute::common::v1::Role role = bettercompute::common::v1::ROLE_NODE;
+  proto::ProtocolRange range = proto::kProtocolVersion;
+  std::vector<std::string> capabilities;
+  std::function<int64_t()> now;       // unix seconds
+  std::function<double()> uniform01;  // jitter source
+  std::chrono::milliseconds status_interval = std::chrono::minutes(5);
+  std::string boot_id;
+  int64_t started_at = 0;
+  int64_t certificate_not_after = 0;
+  // Called with every trust bundle taken, to persist it.
+  std::function<void(const bettercompute::agent::v1::SignedTrustBundle&)> on_trust;
+};
+
+struct SessionSnapshot {
+  std::string state = "starting";  // connecting, connected, backoff, stopped
+  std::string session_id;
+  uint32_t protocol_version = 0;
+  bool upgrade_required = false;
+  uint64_t trust_version = 0;
+  std::string last_error;
+  int welcomes = 0;
+  int unknown_frames = 0;    // frame cases this build does not know: ignored
+  int unhandled_frames = 0;  // known cases this build does not act on yet (commands, specs ...)
+};
+
+class SessionEngine {
+ public:
+  SessionEngine(transport::Transport* transport, pki::TrustState trust,
+                pki::PublicKey join_service_key, SessionOptions options, Logger* log);
+  ~SessionEngine();
+
+  // Runs until Stop() (OK) or a refusal that needs a person (FailedPrecondition, naming it).
+  absl::Status Run();
+  // Closes the stream cleanly (the gateway sees the end), cancelling it if the gateway does not end
+  // it within 2 s, and makes Run return.
+  void Stop();
+  SessionSnapshot Snapshot() const;
+
+ private:
+  transport::Refusal Serve(transport::FrameStream& stream, class Backoff& backoff);
+  // Both return true when what StatusReport says changed.
+  bool Handle(const bettercompute::agent::v1::ServerFrame& frame);
+  bool ApplyTrust(const bettercompute::agent::v1::SignedTrustBundle& bundle);
+  bettercompute::agent::v1::AgentFrame Hello() const;
+  bettercompute::agent::v1::AgentFrame Status() const;
+  void SetState(std::string state, std::string error = "");
+
+  transport::Transport* transport_;
+  pki::TrustState trust_;  // owned by the Run thread
+  pki::PublicKey join_service_key_;
+  SessionOptions options_;
+  Logger* log_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;                      // guarded by mu_
+  transport::FrameStream* current_ = nullptr;  // guarded by mu_
+  SessionSnapshot snapshot_;                   // guarded by mu_
+};
+
+}  // namespace bcd

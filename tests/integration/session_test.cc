@@ -1,0 +1,243 @@
+// The session engine against the dev gateway: Hello fields, negotiation, unknown frames,
+// reconnects, pushback and refusals, over real gRPC and TLS 1.3 on loopback; and the real bcd
+// binary under SIGTERM.
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <sstream>
+#include <thread>
+
+#include "daemon/identity.h"
+#include "daemon/join.h"
+#include "daemon/node.h"
+#include "gtest/gtest.h"
+#include "pki/keys.h"
+#include "proto/frame_codec.h"
+#include "proto/signing_input.h"
+#include "testing/dev_gateway.h"
+#include "tests/unit/fake_root.h"
+
+extern "C" char** environ;
+
+namespace bcd {
+namespace {
+
+namespace v1 = bettercompute::agent::v1;
+using bcd::testing::DevGateway;
+using bcd::testing::DevPki;
+using bcd::testing::FakeRoot;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr auto kWait = seconds(20);
+
+class Session : public ::testing::Test {
+ protected:
+  Session() : pki_(*DevPki::Create(std::time(nullptr))) { StartGateway("1..1"); }
+  ~Session() override {
+    StopDaemon();
+    gateway_.reset();
+  }
+
+  void StartGateway(const std::string& protocol, int port = 0) {
+    gateway_.reset();
+    gateway_ = *DevGateway::Start(
+        pki_, {.listen = "127.0.0.1:" + std::to_string(port), .protocol = protocol});
+  }
+
+  std::string ConfigText(const std::string& state) {
+    return "gateway_url = \"https://127.0.0.1:" + std::to_string(gateway_->port()) +
+           "\"\ngateway_server_name = \"" + DevPki::kGatewayName +
+           "\"\ngateway_ca_spki_sha256 = \"" + pki_.ServingCaPinHex() + "\"\nstate_dir = \"" +
+           (dir_.path() / state).string() + "\"\n";
+  }
+
+  Config JoinAs(const std::string& node, const std::string& state = "state") {
+    Config config = *Config::Parse(ConfigText(state), "test.toml");
+    JoinSpec spec{.evidence = gateway_->AddJoinToken(node),
+                  .now = [] { return static_cast<int64_t>(std::time(nullptr)); },
+                  .sleep = [](seconds) {}};
+    EXPECT_TRUE(JoinFleet(config, spec).ok());
+    return config;
+  }
+
+  void StartDaemon(const Config& config) {
+    daemon_ = *NodeDaemon::Create(config, proto::Mode::kNode,
+                                  {.now = [] { return static_cast<int64_t>(std::time(nullptr)); },
+                                   .uniform01 = [] { return 0.01; },
+                                   .log = &log_});
+    runner_ = std::thread([this] { result_ = daemon_->Run(); });
+  }
+
+  void StopDaemon() {
+    if (!daemon_) return;
+    daemon_->Stop();
+    runner_.join();
+    daemon_.reset();
+  }
+
+  FakeRoot dir_;
+  DevPki pki_;
+  std::unique_ptr<DevGateway> gateway_;
+  std::ostringstream log_text_;
+  Logger log_{&log_text_, LogLevel::kInfo};
+  std::unique_ptr<NodeDaemon> daemon_;
+  std::thread runner_;
+  absl::Status result_;
+};
+
+TEST_F(Session, HelloCarriesEveryFieldAndAStatusReportFollows) {
+  StartDaemon(JoinAs("n-1"));
+  ASSERT_TRUE(gateway_->WaitForReceived("n-1", 1, kWait));
+  v1::Hello hello = *gateway_->LastHello("n-1");
+  EXPECT_EQ(hello.proto_min(), 1u);
+  EXPECT_EQ(hello.proto_max(), 1u);
+  EXPECT_EQ(hello.daemon_version(), BCD_VERSION);
+  EXPECT_EQ(hello.role(), bettercompute::common::v1::ROLE_NODE);
+  EXPECT_EQ(hello.trust_version(), 1u);
+  EXPECT_EQ(hello.applied_generation(), 0u);
+  EXPECT_EQ(hello.last_acked_seq(), 0u);
+  EXPECT_EQ(hello.boot_id().size(), 36u);
+  EXPECT_GT(hello.started_at(), 0u);
+  EXPECT_EQ(hello.approver_set_epoch(), 0u);
+  EXPECT_EQ(hello.approver_set_sha256(), pki::Sha256(proto::ApproverSetInput(v1::TrustBundle())));
+  ASSERT_TRUE(gateway_->WaitForReceived("n-1", 1, kWait));
+  v1::AgentFrame status = gateway_->Received("n-1").front();
+  ASSERT_TRUE(status.has_status());
+  EXPECT_EQ(status.status().trust_version(), 1u);
+  EXPECT_GT(status.status().certificate_not_after(), static_cast<uint64_t>(std::time(nullptr)));
+  EXPECT_EQ(daemon_->Snapshot().state, "connected");
+  EXPECT_EQ(daemon_->Snapshot().session_id, "dev-session-1");
+}
+
+TEST_F(Session, StopClosesTheStreamCleanly) {
+  StartDaemon(JoinAs("n-1"));
+  ASSERT_TRUE(gateway_->WaitForWelcomes(1, kWait));
+  StopDaemon();
+  EXPECT_TRUE(result_.ok()) << result_;
+  ASSERT_TRUE(gateway_->WaitForNoSession("n-1", kWait));
+  EXPECT_EQ(gateway_->clean_ends(), 1);
+}
+
+TEST_F(Session, NegotiatesTheHighestSharedVersion) {
+  Config config = JoinAs("n-1");
+  StartGateway("1..3", gateway_->port());
+  StartDaemon(config);
+  ASSERT_TRUE(gateway_->WaitForReceived("n-1", 1, kWait));  // sent after the Welcome is recorded
+  EXPECT_EQ(daemon_->Snapshot().protocol_version, 1u);
+  EXPECT_FALSE(daemon_->Snapshot().upgrade_required);
+}
+
+TEST_F(Session, AGatewayAboveTheDaemonSaysUpgradeRequired) {
+  Config config = JoinAs("n-1");
+  StartGateway("2..3", gateway_->port());
+  StartDaemon(config);
+  ASSERT_TRUE(gateway_->WaitForWelcomes(1, kWait));
+  ASSERT_TRUE(gateway_->WaitForReceived("n-1", 1, kWait));  // the StatusReport after Welcome
+  EXPECT_EQ(daemon_->Snapshot().protocol_version, 2u);
+  EXPECT_TRUE(daemon_->Snapshot().upgrade_required);
+  EXPECT_EQ(daemon_->Snapshot().state, "connected");
+}
+
+TEST_F(Session, IgnoresUnknownServerFramesAndTakesANewerTrustBundle) {
+  StartDaemon(JoinAs("n-1"));
+  ASSERT_TRUE(gateway_->WaitForWelcomes(1, kWait));
+  v1::ServerFrame future;
+  ASSERT_TRUE(proto::DecodeMessage(std::string("\x92\x03\x05\x0a\x03new", 8), &future).ok());
+  ASSERT_TRUE(gateway_->Push("n-1", future));
+  v1::ServerFrame trust;
+  *trust.mutable_trust() = pki_.SignedBundle(2);
+  ASSERT_TRUE(gateway_->Push("n-1", trust));
+  ASSERT_TRUE(gateway_->WaitForReceived("n-1", 2, kWait));  // the StatusReport the change sends
+  EXPECT_EQ(gateway_->Received("n-1")[1].status().trust_version(), 2u);
+  EXPECT_EQ(daemon_->Snapshot().trust_version, 2u);
+  EXPECT_EQ(daemon_->Snapshot().unknown_frames, 1);
+  EXPECT_EQ(daemon_->Snapshot().welcomes, 1) << "the unknown frame did not end the session";
+  EXPECT_NE(log_text_.str().find("event=trust.updated version=2"), std::string::npos);
+  Identity stored = *StateDir::Open(dir_.path() / "state")->LoadIdentity();
+  v1::TrustBundle persisted;
+  ASSERT_TRUE(persisted.ParseFromString(stored.trust_bundle.body()));
+  EXPECT_EQ(persisted.version(), 2u) << "the newer bundle is persisted";
+}
+
+TEST_F(Session, ReconnectsAfterTheGatewayRestarts) {
+  StartDaemon(JoinAs("n-1"));
+  ASSERT_TRUE(gateway_->WaitForWelcomes(1, kWait));
+  int port = gateway_->port();
+  StartGateway("1..1", port);  // the old one is gone, sessions dropped
+  ASSERT_TRUE(gateway_->WaitForReceived("n-1", 1, kWait));
+  EXPECT_EQ(daemon_->Snapshot().welcomes, 2);
+}
+
+TEST_F(Session, HonoursPushback) {
+  Config config = JoinAs("n-1");
+  gateway_->RefuseSessions(1, grpc::StatusCode::UNAVAILABLE, "overloaded", 400);
+  auto start = std::chrono::steady_clock::now();
+  StartDaemon(config);
+  ASSERT_TRUE(gateway_->WaitForWelcomes(1, kWait));
+  // Jitter is fixed at 1 % of a 1 s base (10 ms) here, so only the pushback explains the wait.
+  EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(400));
+  EXPECT_NE(log_text_.str().find("reason=overloaded"), std::string::npos);
+}
+
+TEST_F(Session, RevokedStopsTheDaemonWithoutRedialling) {
+  Config config = JoinAs("n-1");
+  gateway_->RefuseSessions(5, grpc::StatusCode::PERMISSION_DENIED, "revoked", 0);
+  StartDaemon(config);
+  runner_.join();
+  EXPECT_EQ(result_.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(std::string(result_.message()),
+            "the gateway refused (revoked): refused by the dev gateway; a person must act");
+  EXPECT_EQ(daemon_->Snapshot().state, "stopped");
+  daemon_.reset();
+  EXPECT_TRUE(gateway_->SessionNodes().empty());
+}
+
+TEST_F(Session, TheNodeIdComesFromTheCertificate) {
+  Config one = JoinAs("n-1", "state-1");
+  Config two = JoinAs("n-2", "state-2");
+  StartDaemon(two);
+  ASSERT_TRUE(gateway_->WaitForWelcomes(1, kWait));
+  EXPECT_EQ(gateway_->SessionNodes(), std::vector<std::string>{"n-2"});
+  EXPECT_FALSE(gateway_->LastHello("n-1").has_value());
+}
+
+TEST_F(Session, RefusesToStartWithoutAnIdentity) {
+  Config config = *Config::Parse(ConfigText("empty"), "test.toml");
+  absl::StatusOr<std::unique_ptr<NodeDaemon>> daemon = NodeDaemon::Create(
+      config, proto::Mode::kNode, {.now = [] { return int64_t{0}; }, .log = &log_});
+  EXPECT_EQ(daemon.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(Session, AnExpiredCertificateSaysHowToRejoin) {
+  Config config = JoinAs("n-1");
+  absl::StatusOr<std::unique_ptr<NodeDaemon>> daemon = NodeDaemon::Create(
+      config, proto::Mode::kNode, {.now = [] { return int64_t{4000000000}; }, .log = &log_});
+  EXPECT_EQ(daemon.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_NE(std::string(daemon.status().message()).find("Re-join"), std::string::npos);
+}
+
+TEST_F(Session, TheBcdBinaryRunsUntilSigtermAndEndsCleanly) {
+  JoinAs("n-1");
+  dir_.Write("config.toml", ConfigText("state"));
+  std::vector<std::string> args = {BCD_BINARY, "node", "--config",
+                                   (dir_.path() / "config.toml").string()};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  ASSERT_EQ(posix_spawn(&pid, BCD_BINARY, nullptr, nullptr, argv.data(), environ), 0);
+  ASSERT_TRUE(gateway_->WaitForWelcomes(1, kWait));
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  ASSERT_TRUE(gateway_->WaitForNoSession("n-1", kWait));
+  EXPECT_EQ(gateway_->clean_ends(), 1);
+}
+
+}  // namespace
+}  // namespace bcd
