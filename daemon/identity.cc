@@ -35,35 +35,41 @@ absl::StatusOr<StateDir> StateDir::Open(const std::filesystem::path& path) {
 
 bool StateDir::HasIdentity() const {
   std::error_code ec;
-  return std::filesystem::exists(KeyPath(), ec);
+  return std::filesystem::exists(IdentityPath(), ec);
 }
 
 absl::Status StateDir::SaveIdentity(const Identity& identity) const {
-  std::string chain;
-  for (const pki::Certificate& cert : identity.chain) chain += cert.Pem();
-  // The key last: its presence is what marks a node as joined.
-  for (auto [path, data, mode] :
-       {std::tuple{TrustBundlePath(), identity.trust_bundle.SerializeAsString(), 0600},
-        std::tuple{JoinServiceKeyPath(), identity.join_service_key.SpkiDer(), 0600},
-        std::tuple{ChainPath(), chain, 0644}}) {
-    if (absl::Status s = pki::AtomicWriteFile(path, data, static_cast<mode_t>(mode)); !s.ok())
-      return s;
+  for (auto [path, data] : {std::pair{TrustBundlePath(), identity.trust_bundle.SerializeAsString()},
+                            std::pair{JoinServiceKeyPath(), identity.join_service_key.SpkiDer()}}) {
+    if (absl::Status s = pki::AtomicWriteFile(path, data, 0600); !s.ok()) return s;
   }
-  return pki::StorePrivateKey(KeyPath(), identity.key);
+  // Last: the identity file's presence is what marks a node as joined.
+  return SaveRenewed(identity.key, identity.chain);
+}
+
+absl::Status StateDir::SaveRenewed(const pki::PrivateKey& key,
+                                   const std::vector<pki::Certificate>& chain) const {
+  std::string pem = key.ToPem();
+  for (const pki::Certificate& cert : chain) pem += cert.Pem();
+  return pki::AtomicWriteFile(IdentityPath(), pem, 0600);
 }
 
 absl::StatusOr<Identity> StateDir::LoadIdentity() const {
   auto corrupt = [](const std::filesystem::path& path, const absl::Status& s) {
     return absl::DataLossError(fmt::format("{}: {}", path.string(), ToStd(s.message())));
   };
-  absl::StatusOr<pki::PrivateKey> key = pki::LoadPrivateKey(KeyPath());
+  absl::StatusOr<pki::PrivateKey> key = pki::LoadPrivateKey(IdentityPath());
   if (!key.ok()) return key.status();
-  absl::StatusOr<std::string> chain_pem = pki::ReadWholeFile(ChainPath(), 1 << 20);
-  if (!chain_pem.ok()) return chain_pem.status();
-  absl::StatusOr<std::vector<pki::Certificate>> chain = pki::ParsePemChain(*chain_pem);
-  if (!chain.ok()) return corrupt(ChainPath(), chain.status());
+  absl::StatusOr<std::string> pem = pki::ReadWholeFile(IdentityPath(), 1 << 20);
+  if (!pem.ok()) return pem.status();
+  absl::StatusOr<std::vector<pki::Certificate>> chain = pki::ParsePemChain(*pem);
+  if (!chain.ok()) return corrupt(IdentityPath(), chain.status());
+  if (chain->front().SpkiDer() != key->Public().SpkiDer()) {
+    return corrupt(IdentityPath(),
+                   absl::DataLossError("the certificate is not for the key beside it"));
+  }
   absl::StatusOr<pki::NodeIdentity> node = pki::IdentityOf(chain->front());
-  if (!node.ok()) return corrupt(ChainPath(), node.status());
+  if (!node.ok()) return corrupt(IdentityPath(), node.status());
   absl::StatusOr<std::string> join_spki = pki::ReadWholeFile(JoinServiceKeyPath(), 4096);
   if (!join_spki.ok()) return join_spki.status();
   absl::StatusOr<pki::PublicKey> join_key = pki::PublicKey::FromSpkiDer(*join_spki);

@@ -33,8 +33,12 @@ class StateDir {
   absl::Status SaveIdentity(const Identity& identity) const;
   absl::StatusOr<Identity> LoadIdentity() const;
 
-  std::filesystem::path KeyPath() const { return path_ / "node.key"; }
-  std::filesystem::path ChainPath() const { return path_ / "node.chain.pem"; }
+  // Saves a renewed key and chain (and a newer trust bundle, if any) in one atomic rename.
+  absl::Status SaveRenewed(const pki::PrivateKey& key,
+                           const std::vector<pki::Certificate>& chain) const;
+
+  // The key and its chain live in one file (0600), so a renewal switches both in one rename.
+  std::filesystem::path IdentityPath() const { return path_ / "identity.pem"; }
   std::filesystem::path JoinServiceKeyPath() const { return path_ / "join-service.spki"; }
   std::filesystem::path TrustBundlePath() const { return path_ / "trust-bundle.binpb"; }
 

@@ -51,11 +51,11 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
   daemon->transport_ = std::make_unique<transport::GrpcTransport>(
       spec, [dir]() -> absl::StatusOr<transport::ClientIdentity> {
         // Re-read at every dial: a renewal takes effect on the next one.
-        absl::StatusOr<std::string> key = pki::ReadWholeFile(dir.KeyPath(), 64 * 1024);
-        if (!key.ok()) return key.status();
-        absl::StatusOr<std::string> chain = pki::ReadWholeFile(dir.ChainPath(), 1 << 20);
-        if (!chain.ok()) return chain.status();
-        return transport::ClientIdentity{*key, *chain};
+        absl::StatusOr<Identity> identity = dir.LoadIdentity();
+        if (!identity.ok()) return identity.status();
+        std::string chain;
+        for (const pki::Certificate& cert : identity->chain) chain += cert.Pem();
+        return transport::ClientIdentity{identity->key.ToPem(), chain};
       });
   std::string boot_id;
   if (absl::StatusOr<std::string> id = pki::ReadWholeFile("/proc/sys/kernel/random/boot_id", 256);

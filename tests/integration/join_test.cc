@@ -75,7 +75,7 @@ TEST_F(Join, JoinsWithATokenAndStoresTheIdentity) {
   struct stat st {};
   ASSERT_EQ(stat((dir_.path() / "state").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0700u);
-  ASSERT_EQ(stat((dir_.path() / "state" / "node.key").c_str(), &st), 0);
+  ASSERT_EQ(stat((dir_.path() / "state" / "identity.pem").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   Identity identity = *StateDir::Open(dir_.path() / "state")->LoadIdentity();
   EXPECT_EQ(identity.node.id.node(), "n-1");
@@ -98,7 +98,7 @@ TEST_F(Join, AnUnknownTokenIsRefusedWithItsReason) {
   Result r = Run({"join", "--token", "bcdjt_nope"});
   EXPECT_EQ(r.code, kExitJoinRefused);
   EXPECT_EQ(r.err, "bcd join: join refused (invalid-token): unknown join token\n");
-  EXPECT_FALSE(std::filesystem::exists(dir_.path() / "state" / "node.key"));
+  EXPECT_FALSE(std::filesystem::exists(dir_.path() / "state" / "identity.pem"));
 }
 
 TEST_F(Join, ANodeThatJoinedDoesNotJoinAgain) {
