@@ -1,6 +1,7 @@
 #include "daemon/node.h"
 
 #include "daemon/identity.h"
+#include "daemon/renew.h"
 #include "fmt/format.h"
 #include "pki/files.h"
 #include "proto/absl_compat.h"
@@ -78,10 +79,27 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
           log->Warn("trust.persist_failed", {{"error", std::string(ToStd(s.message()))}});
         }
       }};
+  daemon->renewer_ =
+      std::make_unique<Renewer>(spec, dir, trust->node_cas(), env.now, env.uniform01, env.log);
   daemon->engine_ =
       std::make_unique<SessionEngine>(daemon->transport_.get(), *std::move(trust),
                                       identity->join_service_key, std::move(options), env.log);
   return daemon;
+}
+
+NodeDaemon::~NodeDaemon() = default;
+
+absl::Status NodeDaemon::Run() {
+  renewer_->Start();
+  absl::Status status = engine_->Run();
+  renewer_->Stop();
+  return status;
+}
+
+int NodeDaemon::renewals() const { return renewer_->renewals(); }
+
+bool NodeDaemon::WaitForRenewals(int count, std::chrono::milliseconds timeout) const {
+  return renewer_->WaitForRenewals(count, timeout);
 }
 
 }  // namespace bcd

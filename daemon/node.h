@@ -27,14 +27,19 @@ class NodeDaemon {
   // (the message says how to re-join); DataLoss naming a corrupt state file.
   static absl::StatusOr<std::unique_ptr<NodeDaemon>> Create(const Config& config, proto::Mode mode,
                                                             NodeDaemonEnv env);
-  absl::Status Run() { return engine_->Run(); }
+  // Runs the session (and renewals beside it) until Stop() or a refusal that needs a person.
+  absl::Status Run();
   void Stop() { engine_->Stop(); }
   SessionSnapshot Snapshot() const { return engine_->Snapshot(); }
+  int renewals() const;
+  bool WaitForRenewals(int count, std::chrono::milliseconds timeout) const;
+  ~NodeDaemon();
 
  private:
   NodeDaemon() = default;
   std::unique_ptr<transport::GrpcTransport> transport_;
   std::unique_ptr<SessionEngine> engine_;
+  std::unique_ptr<class Renewer> renewer_;
 };
 
 }  // namespace bcd

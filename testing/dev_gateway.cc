@@ -2,6 +2,7 @@
 
 #include <condition_variable>
 #include <ctime>
+#include <set>
 
 #include "bettercompute/agent/v1/session.grpc.pb.h"
 #include "grpcpp/server.h"
@@ -46,6 +47,8 @@ struct DevGateway::State {
   std::string refuse_reason;                                    // guarded by mu
   int64_t refuse_pushback_ms = 0;                               // guarded by mu
   int next_session = 1;                                         // guarded by mu
+  int renewals = 0;                                             // guarded by mu
+  std::set<std::string> renew_nonces;                           // guarded by mu
   DevGatewayOptions options;
   mutable std::mutex mu;
   std::map<std::string, JoinToken> tokens;  // guarded by mu
@@ -137,6 +140,60 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
     *response->mutable_signature() =
         *pki::Sign(proto::BodySigningInput(proto::Purpose::kJoinResponse, response->body()),
                    state_->pki->join_service_key(), "join");
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Renew(grpc::ServerContext* context, const v1::RenewRequest* request,
+                     v1::RenewResponse* response) override {
+    std::vector<grpc::string_ref> pems =
+        context->auth_context()->FindPropertyValues("x509_pem_cert");
+    if (pems.empty()) {
+      return Refuse(context, grpc::StatusCode::UNAUTHENTICATED, "no-client-certificate",
+                    "Renew needs mutual TLS");
+    }
+    absl::StatusOr<pki::Certificate> peer =
+        pki::Certificate::FromPem(std::string(pems[0].data(), pems[0].size()));
+    absl::StatusOr<std::vector<pki::Certificate>> chain =
+        pki::ParseDerChain({request->chain().begin(), request->chain().end()});
+    if (!peer.ok() || !chain.ok() || chain->front().Der() != peer->Der()) {
+      return Refuse(context, grpc::StatusCode::PERMISSION_DENIED, "chain-mismatch",
+                    "the chain is not the caller's TLS identity");
+    }
+    std::lock_guard<std::mutex> lock(state_->mu);
+    int64_t now = state_->Now();
+    if (absl::Status s = pki::VerifyChain(*chain, {state_->pki->node_ca()}, now); !s.ok()) {
+      return Refuse(context, grpc::StatusCode::PERMISSION_DENIED, "bad-chain",
+                    std::string(ToStd(s.message())));
+    }
+    if (std::llabs(static_cast<long long>(request->timestamp()) - now) > 60) {
+      return Refuse(context, grpc::StatusCode::PERMISSION_DENIED, "stale",
+                    "the timestamp is not within 60 s");
+    }
+    if (request->nonce().size() != 16 || !state_->renew_nonces.insert(request->nonce()).second) {
+      return Refuse(context, grpc::StatusCode::PERMISSION_DENIED, "replay",
+                    "the nonce was seen before");
+    }
+    absl::StatusOr<pki::PublicKey> current = chain->front().Key();
+    if (!current.ok() ||
+        !current->VerifyEs256(proto::RenewSigningInput(*request), request->proof()).ok()) {
+      return Refuse(context, grpc::StatusCode::PERMISSION_DENIED, "bad-proof",
+                    "the proof does not verify");
+    }
+    absl::StatusOr<pki::PublicKey> key = pki::VerifyCsr(request->csr());
+    absl::StatusOr<pki::NodeIdentity> identity = pki::IdentityOf(chain->front());
+    if (!key.ok() || !identity.ok()) {
+      return Refuse(context, grpc::StatusCode::INVALID_ARGUMENT, "bad-csr",
+                    "the CSR or identity is malformed");
+    }
+    absl::StatusOr<pki::Certificate> leaf =
+        state_->pki->IssueNode(*key, identity->id.node(), identity->generation.value_or(0) + 1, now,
+                               state_->options.node_cert_lifetime);
+    if (!leaf.ok())
+      return grpc::Status(grpc::StatusCode::INTERNAL, std::string(ToStd(leaf.status().message())));
+    response->add_certificate_chain(leaf->Der());
+    response->add_certificate_chain(state_->pki->node_ca().Der());
+    ++state_->renewals;
+    state_->cv.notify_all();
     return grpc::Status::OK;
   }
 
@@ -326,6 +383,11 @@ void DevGateway::RefuseSessions(int count, int code, const std::string& reason,
 void DevGateway::DropSessions() {
   std::lock_guard<std::mutex> lock(state_->mu);
   for (auto& [node, session] : state_->open) session->context->TryCancel();
+}
+
+int DevGateway::renewals() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->renewals;
 }
 
 int DevGateway::clean_ends() const {

@@ -4,7 +4,8 @@
 // and for anyone trying bcd. Today it serves Join (single-use expiring tokens, deferral on demand);
 // Session reads the node id from the client certificate only, answers Hello with Welcome, and lets
 // tests push frames, refuse sessions and drop them. Renew and Tunnel answer UNIMPLEMENTED until
-// their work lands.
+// their work lands. Renew checks that the chain is the caller's TLS identity, the proof of
+// possession, the timestamp (within 60 s) and the nonce (never seen before).
 //
 // Thread-safe: tests call it from their own thread while gRPC threads serve.
 
@@ -72,6 +73,8 @@ class DevGateway {
   void DropSessions();
   // Whether each of the last sessions ended cleanly (the daemon half-closed).
   int clean_ends() const;
+  // Renewals granted so far.
+  int renewals() const;
 
   struct State;
 

@@ -39,7 +39,8 @@ absl::StatusOr<pki::Certificate> DevPki::IssueNode(const pki::PublicKey& subject
       {.common_name = node_id,
        .uri_sans = {std::string("spiffe://") + kTrustDomain + "/site/" + kSite + "/node/" + node_id,
                     "urn:bc:generation:" + std::to_string(generation)},
-       .not_before = now - 60,
+       .not_before =
+           now - std::min<int64_t>(60, lifetime / 10),  // some clock slack, small for short lives
        .not_after = now + lifetime,
        .client_auth = true},
       subject, node_ca_key_, &*node_ca_);

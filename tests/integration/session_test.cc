@@ -241,3 +241,40 @@ TEST_F(Session, TheBcdBinaryRunsUntilSigtermAndEndsCleanly) {
 
 }  // namespace
 }  // namespace bcd
+
+namespace bcd {
+namespace {
+
+class Renewal : public Session {
+ protected:
+  Renewal() { gateway_ = *DevGateway::Start(pki_, {.node_cert_lifetime = 6}); }
+};
+
+TEST_F(Renewal, AShortCertificateIsRenewedTwiceWithoutLosingTheSession) {
+  Config config = JoinAs("n-1");
+  Identity joined = *StateDir::Open(dir_.path() / "state")->LoadIdentity();
+  StartDaemon(config);
+  ASSERT_TRUE(gateway_->WaitForReceived("n-1", 1, kWait));
+  // 6 s certificates renew at 2/3 of their life: twice within about 10 s.
+  ASSERT_TRUE(daemon_->WaitForRenewals(2, seconds(30))) << log_text_.str();
+  EXPECT_EQ(gateway_->renewals(), 2);
+  Identity renewed = *StateDir::Open(dir_.path() / "state")->LoadIdentity();
+  EXPECT_EQ(renewed.node.id, joined.node.id);
+  EXPECT_EQ(renewed.node.generation, 3u);
+  EXPECT_NE(renewed.key.Public().SpkiDer(), joined.key.Public().SpkiDer());
+  EXPECT_EQ(daemon_->Snapshot().welcomes, 1) << "the session went on across both renewals";
+  EXPECT_EQ(gateway_->SessionNodes().size(), 1u);
+}
+
+TEST_F(Renewal, TheNextDialUsesTheRenewedIdentity) {
+  Config config = JoinAs("n-1");
+  StartDaemon(config);
+  ASSERT_TRUE(gateway_->WaitForReceived("n-1", 1, kWait));
+  ASSERT_TRUE(daemon_->WaitForRenewals(1, seconds(30)));
+  gateway_->DropSessions();
+  ASSERT_TRUE(gateway_->WaitForWelcomes(2, kWait));
+  EXPECT_EQ(gateway_->SessionNodes(), (std::vector<std::string>{"n-1", "n-1"}));
+}
+
+}  // namespace
+}  // namespace bcd
