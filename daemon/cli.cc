@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "daemon/config.h"
+#include "daemon/control.h"
 #include "daemon/inventory.h"
 #include "daemon/join.h"
 #include "daemon/node.h"
@@ -37,8 +38,7 @@ constexpr Command kCommands[] = {
     {"node", "", "run the node mode in the foreground until SIGTERM", ""},
     {"site", "", "run the site agent in the foreground until SIGTERM (its kinds come later)", ""},
     {"ramdisk", "", "run the ramdisk mode in the foreground until SIGTERM", "the ramdisk mode"},
-    {"status", "", "show this node's identity, trust and session state",
-     "the join and session work"},
+    {"status", "", "show this node's identity, trust and session state", ""},
     {"inventory", "", "print this machine's hardware claims as JSON", ""},
     {"install-script", "--gateway-url U --ca-pin P --token T [...]",
      "print the installer for a new machine", "the install-script work"},
@@ -258,6 +258,25 @@ int RunMode(const Flags& flags, const CliEnv& env, proto::Mode mode) {
   return kExitIdentityGone;
 }
 
+// From the running daemon's control socket, else from the state dir.
+int Status(const Flags& flags, const CliEnv& env) {
+  if (!flags.rest.empty()) {
+    fmt::print(env.err, "bcd status: unknown option \"{}\"\n", flags.rest.front());
+    return kExitUsage;
+  }
+  std::optional<Config> config = LoadConfig(flags, env);
+  if (!config) return kExitUsage;
+  std::filesystem::path socket = config->state_dir() / "bcd.sock";
+  if (absl::StatusOr<std::string> live = QueryControl(socket); live.ok()) {
+    fmt::print(env.out, "{}", *live);
+    return kExitOk;
+  }
+  fmt::print(env.out, "{}session: not running (no daemon answers on {})\n",
+             StateDirStatusText(config->state_dir(), static_cast<int64_t>(env.now())),
+             socket.string());
+  return kExitOk;
+}
+
 }  // namespace
 
 int RunCli(const std::vector<std::string>& args, const CliEnv& env) {
@@ -280,6 +299,7 @@ int RunCli(const std::vector<std::string>& args, const CliEnv& env) {
   }
   if (command->name == "join") return Join(*std::move(flags), env);
   if (command->name == "node") return RunMode(*flags, env, proto::Mode::kNode);
+  if (command->name == "status") return Status(*flags, env);
   if (command->name == "site") return RunMode(*flags, env, proto::Mode::kSite);
   if (!command->arrives.empty()) {
     fmt::print(env.err, "bcd {}: not implemented yet in this build (comes with {})\n",

@@ -4,9 +4,11 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 
 #include "fmt/format.h"
 #include "pki/files.h"
+#include "pki/trust.h"
 #include "proto/absl_compat.h"
 #include "proto/frame_codec.h"
 
@@ -81,6 +83,34 @@ absl::StatusOr<Identity> StateDir::LoadIdentity() const {
     return corrupt(TrustBundlePath(), s);
   return Identity{*std::move(key), *std::move(chain), *std::move(node), *std::move(join_key),
                   std::move(bundle)};
+}
+
+std::string StateDirStatusText(const std::filesystem::path& state_dir, int64_t now) {
+  absl::StatusOr<StateDir> dir = StateDir::Open(state_dir);
+  if (!dir.ok()) return fmt::format("state: {}\n", ToStd(dir.status().message()));
+  if (!dir->HasIdentity())
+    return fmt::format("node: not joined (no identity in {})\n", state_dir.string());
+  absl::StatusOr<Identity> identity = dir->LoadIdentity();
+  if (!identity.ok()) return fmt::format("node: {}\n", ToStd(identity.status().message()));
+  int64_t not_after = identity->chain.front().NotAfter();
+  char when[32];
+  time_t t = static_cast<time_t>(not_after);
+  tm utc{};
+  gmtime_r(&t, &utc);
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  std::string text =
+      fmt::format("node: {}\ngeneration: {}\ncertificate expires: {} ({})\n",
+                  identity->node.id.ToString(), identity->node.generation.value_or(0), when,
+                  not_after > now ? fmt::format("in {} s", not_after - now) : "EXPIRED");
+  absl::StatusOr<pki::TrustState> trust =
+      pki::TrustState::FromFirstBundle(identity->trust_bundle, identity->join_service_key);
+  if (trust.ok()) {
+    text += fmt::format("trust version: {}\napprover set: epoch {}, sha256 {}\n", trust->version(),
+                        trust->approvers().epoch(), pki::Hex(trust->approvers().Sha256()));
+  } else {
+    text += fmt::format("trust: {}\n", ToStd(trust.status().message()));
+  }
+  return text;
 }
 
 }  // namespace bcd

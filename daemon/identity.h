@@ -47,4 +47,8 @@ class StateDir {
   std::filesystem::path path_;
 };
 
+// What the state dir says of this node, as "key: value" lines (node, certificate expiry, trust
+// version, approver set); a line says so when a part is missing or corrupt.
+std::string StateDirStatusText(const std::filesystem::path& state_dir, int64_t now);
+
 }  // namespace bcd

@@ -1,5 +1,6 @@
 #include "daemon/node.h"
 
+#include "daemon/control.h"
 #include "daemon/identity.h"
 #include "daemon/renew.h"
 #include "fmt/format.h"
@@ -84,10 +85,32 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
   daemon->engine_ =
       std::make_unique<SessionEngine>(daemon->transport_.get(), *std::move(trust),
                                       identity->join_service_key, std::move(options), env.log);
+  if (QueryControl(dir.path() / "bcd.sock").ok()) {
+    return absl::FailedPreconditionError(
+        fmt::format("another bcd is already running on {}", dir.path().string()));
+  }
+  daemon->state_dir_ = dir.path();
+  daemon->now_ = env.now;
+  absl::StatusOr<std::unique_ptr<ControlServer>> control =
+      ControlServer::Start(dir.path() / "bcd.sock", [d = daemon.get()] { return d->StatusText(); });
+  if (!control.ok()) return control.status();
+  daemon->control_ = *std::move(control);
   return daemon;
 }
 
 NodeDaemon::~NodeDaemon() = default;
+
+std::string NodeDaemon::StatusText() const {
+  std::string text = StateDirStatusText(state_dir_, now_());
+  SessionSnapshot s = engine_->Snapshot();
+  text += fmt::format("session: {}", s.state);
+  if (!s.session_id.empty()) {
+    text += fmt::format(" (session {}, protocol {}{})", s.session_id, s.protocol_version,
+                        s.upgrade_required ? ", upgrade required" : "");
+  }
+  text += fmt::format("\nlast error: {}\n", s.last_error.empty() ? "-" : s.last_error);
+  return text;
+}
 
 absl::Status NodeDaemon::Run() {
   renewer_->Start();

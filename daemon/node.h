@@ -33,6 +33,9 @@ class NodeDaemon {
   SessionSnapshot Snapshot() const { return engine_->Snapshot(); }
   int renewals() const;
   bool WaitForRenewals(int count, std::chrono::milliseconds timeout) const;
+  // The status as `bcd status` prints it: identity and certificate from the state dir, the session
+  // from the engine.
+  std::string StatusText() const;
   ~NodeDaemon();
 
  private:
@@ -40,6 +43,9 @@ class NodeDaemon {
   std::unique_ptr<transport::GrpcTransport> transport_;
   std::unique_ptr<SessionEngine> engine_;
   std::unique_ptr<class Renewer> renewer_;
+  std::unique_ptr<class ControlServer> control_;
+  std::filesystem::path state_dir_;
+  std::function<int64_t()> now_;
 };
 
 }  // namespace bcd

@@ -4,11 +4,13 @@
 
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <sstream>
 #include <thread>
 
+#include "daemon/cli.h"
 #include "daemon/identity.h"
 #include "daemon/join.h"
 #include "daemon/node.h"
@@ -274,6 +276,60 @@ TEST_F(Renewal, TheNextDialUsesTheRenewedIdentity) {
   gateway_->DropSessions();
   ASSERT_TRUE(gateway_->WaitForWelcomes(2, kWait));
   EXPECT_EQ(gateway_->SessionNodes(), (std::vector<std::string>{"n-1", "n-1"}));
+}
+
+}  // namespace
+}  // namespace bcd
+
+namespace bcd {
+namespace {
+
+std::string StatusOutput(const std::filesystem::path& config) {
+  std::ostringstream out, err;
+  CliEnv env{.out = out,
+             .err = err,
+             .now = [] { return static_cast<uint64_t>(std::time(nullptr)); },
+             .default_config = config};
+  EXPECT_EQ(RunCli({"status"}, env), kExitOk) << err.str();
+  return out.str();
+}
+
+TEST_F(Session, StatusComesFromTheRunningDaemon) {
+  JoinAs("n-1");
+  dir_.Write("config.toml", ConfigText("state"));
+  StartDaemon(*Config::Load(dir_.path() / "config.toml"));
+  ASSERT_TRUE(gateway_->WaitForReceived("n-1", 1, kWait));
+  std::string text = StatusOutput(dir_.path() / "config.toml");
+  EXPECT_NE(text.find("node: spiffe://dev.test/site/dev/node/n-1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("trust version: 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("session: connected (session dev-session-1, protocol 1)\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("last error: -\n"), std::string::npos) << text;
+  struct stat st {};
+  ASSERT_EQ(stat((dir_.path() / "state" / "bcd.sock").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+TEST_F(Session, StatusFallsBackToTheStateDir) {
+  JoinAs("n-1");
+  dir_.Write("config.toml", ConfigText("state"));
+  std::string text = StatusOutput(dir_.path() / "config.toml");
+  EXPECT_NE(text.find("node: spiffe://dev.test/site/dev/node/n-1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("session: not running (no daemon answers on " +
+                      (dir_.path() / "state" / "bcd.sock").string()),
+            std::string::npos)
+      << text;
+}
+
+TEST_F(Session, ASecondDaemonOnTheSameStateDirIsRefused) {
+  Config config = JoinAs("n-1");
+  StartDaemon(config);
+  ASSERT_TRUE(gateway_->WaitForReceived("n-1", 1, kWait));
+  absl::StatusOr<std::unique_ptr<NodeDaemon>> second = NodeDaemon::Create(
+      config, proto::Mode::kNode,
+      {.now = [] { return static_cast<int64_t>(std::time(nullptr)); }, .log = &log_});
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace
