@@ -45,7 +45,9 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
   transport::ChannelSpec spec{.target = url.host().find(':') != std::string::npos
                                             ? fmt::format("[{}]:{}", url.host(), url.port())
                                             : fmt::format("{}:{}", url.host(), url.port()),
-                              .server_name = config.GatewayServerName()};
+                              .server_name = config.GatewayServerName(),
+                              .keepalive_time = env.keepalive_time,
+                              .keepalive_timeout = env.keepalive_timeout};
   std::copy(config.gateway_ca_spki_sha256()->bytes().begin(),
             config.gateway_ca_spki_sha256()->bytes().end(), spec.ca_spki_sha256.begin());
   StateDir dir = *state;

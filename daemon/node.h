@@ -19,6 +19,8 @@ struct NodeDaemonEnv {
   std::function<double()> uniform01;
   Logger* log = nullptr;
   std::chrono::milliseconds status_interval = std::chrono::minutes(5);
+  std::chrono::milliseconds keepalive_time = std::chrono::seconds(20);
+  std::chrono::milliseconds keepalive_timeout = std::chrono::seconds(20);
 };
 
 class NodeDaemon {
@@ -31,6 +33,10 @@ class NodeDaemon {
   absl::Status Run();
   void Stop() { engine_->Stop(); }
   SessionSnapshot Snapshot() const { return engine_->Snapshot(); }
+  bool WaitUntil(const std::function<bool(const SessionSnapshot&)>& done,
+                 std::chrono::milliseconds timeout) const {
+    return engine_->WaitUntil(done, timeout);
+  }
   int renewals() const;
   bool WaitForRenewals(int count, std::chrono::milliseconds timeout) const;
   // The status as `bcd status` prints it: identity and certificate from the state dir, the session

@@ -22,9 +22,18 @@ SessionEngine::SessionEngine(transport::Transport* transport, pki::TrustState tr
 SessionEngine::~SessionEngine() = default;
 
 void SessionEngine::SetState(std::string state, std::string error) {
-  std::lock_guard<std::mutex> lock(mu_);
-  snapshot_.state = std::move(state);
-  if (!error.empty()) snapshot_.last_error = std::move(error);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    snapshot_.state = std::move(state);
+    if (!error.empty()) snapshot_.last_error = std::move(error);
+  }
+  cv_.notify_all();
+}
+
+bool SessionEngine::WaitUntil(const std::function<bool(const SessionSnapshot&)>& done,
+                              std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] { return done(snapshot_); });
 }
 
 SessionSnapshot SessionEngine::Snapshot() const {
@@ -127,6 +136,7 @@ transport::Refusal SessionEngine::Serve(transport::FrameStream& stream, Backoff&
     snapshot_.upgrade_required = welcome.upgrade_required();
     ++snapshot_.welcomes;
   }
+  cv_.notify_all();
   log_->Info("session.welcome",
              {{"session_id", welcome.session_id()},
               {"version", std::to_string(welcome.protocol_version())},

@@ -61,6 +61,9 @@ class SessionEngine {
   // it within 2 s, and makes Run return.
   void Stop();
   SessionSnapshot Snapshot() const;
+  // Waits until `done(snapshot)` holds; false on timeout.
+  bool WaitUntil(const std::function<bool(const SessionSnapshot&)>& done,
+                 std::chrono::milliseconds timeout) const;
 
  private:
   transport::Refusal Serve(transport::FrameStream& stream, class Backoff& backoff);
@@ -78,7 +81,7 @@ class SessionEngine {
   Logger* log_;
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;
+  mutable std::condition_variable cv_;
   bool stopping_ = false;                      // guarded by mu_
   transport::FrameStream* current_ = nullptr;  // guarded by mu_
   SessionSnapshot snapshot_;                   // guarded by mu_

@@ -142,8 +142,8 @@ std::shared_ptr<grpc::Channel> MakeChannel(const ChannelSpec& spec) {
           spec.ca_spki_sha256, spec.server_name, spec.log));
   grpc::ChannelArguments args;
   args.SetSslTargetNameOverride(spec.server_name);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(spec.keepalive_time.count()));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(spec.keepalive_timeout.count()));
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // The session engine owns reconnection and its backoff.

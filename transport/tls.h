@@ -5,6 +5,7 @@
 // name.
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -45,9 +46,13 @@ struct ChannelSpec {
   std::array<uint8_t, 32> ca_spki_sha256{};
   std::optional<ClientIdentity> identity;  // absent for Join (server-authenticated TLS)
   std::shared_ptr<VerificationLog> log;    // optional
+  // HTTP/2 PING every keepalive_time; no answer within keepalive_timeout ends the connection.
+  std::chrono::milliseconds keepalive_time = std::chrono::seconds(20);
+  std::chrono::milliseconds keepalive_timeout = std::chrono::seconds(20);
 };
 
-// A channel with HTTP/2 keepalive pings every 20 s (a dead peer is noticed within 40 s).
+// A channel with HTTP/2 keepalive pings (by default every 20 s: a dead peer is noticed within 40
+// s).
 std::shared_ptr<grpc::Channel> MakeChannel(const ChannelSpec& spec);
 
 struct ServerTlsSpec {

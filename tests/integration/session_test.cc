@@ -334,3 +334,35 @@ TEST_F(Session, ASecondDaemonOnTheSameStateDirIsRefused) {
 
 }  // namespace
 }  // namespace bcd
+
+#include "testing/fault_proxy.h"
+
+namespace bcd {
+namespace {
+
+TEST_F(Session, KeepaliveNoticesAStalledNetworkAndTheDaemonRedials) {
+  auto proxy = *bcd::testing::FaultProxy::Start(gateway_->port());
+  Config direct = JoinAs("n-1");
+  std::string text = ConfigText("state");
+  std::string from = "127.0.0.1:" + std::to_string(gateway_->port());
+  text.replace(text.find(from), from.size(), "127.0.0.1:" + std::to_string(proxy->port()));
+  Config config = *Config::Parse(text, "proxy.toml");
+  daemon_ = *NodeDaemon::Create(config, proto::Mode::kNode,
+                                {.now = [] { return static_cast<int64_t>(std::time(nullptr)); },
+                                 .uniform01 = [] { return 0.01; },
+                                 .log = &log_,
+                                 .keepalive_time = milliseconds(300),
+                                 .keepalive_timeout = milliseconds(300)});
+  runner_ = std::thread([this] { result_ = daemon_->Run(); });
+  ASSERT_TRUE(daemon_->WaitUntil([](const SessionSnapshot& s) { return s.welcomes == 1; }, kWait));
+  proxy->Stall();  // packets vanish; no RST, no FIN
+  ASSERT_TRUE(
+      daemon_->WaitUntil([](const SessionSnapshot& s) { return s.state != "connected"; }, kWait))
+      << "keepalive did not notice the stall";
+  proxy->Resume();
+  ASSERT_TRUE(daemon_->WaitUntil([](const SessionSnapshot& s) { return s.welcomes == 2; }, kWait));
+  EXPECT_GE(proxy->connections(), 2);
+}
+
+}  // namespace
+}  // namespace bcd

@@ -1,0 +1,124 @@
+// Prints the session figures of quality.md, measured against the dev gateway on loopback with the
+// real bcd binary: median `bcd join`, median process start to Welcome, and the RSS and CPU of an
+// idle `bcd node` with a live session.
+//
+//   build/tests/bench/session_bench [runs=9] [idle_seconds=60]
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "testing/dev_gateway.h"
+
+extern "C" char** environ;
+
+namespace {
+
+using bcd::testing::DevGateway;
+using bcd::testing::DevPki;
+using Clock = std::chrono::steady_clock;
+
+pid_t Spawn(std::vector<std::string> args) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  posix_spawn(&pid, args[0].c_str(), nullptr, nullptr, argv.data(), environ);
+  return pid;
+}
+
+int Wait(pid_t pid) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::string Config(const std::string& dir, const DevGateway& gateway, const DevPki& pki,
+                   const std::string& state) {
+  std::string path = dir + "/" + state + ".toml";
+  std::ofstream(path) << "gateway_url = \"https://127.0.0.1:" << gateway.port()
+                      << "\"\ngateway_server_name = \"" << DevPki::kGatewayName
+                      << "\"\ngateway_ca_spki_sha256 = \"" << pki.ServingCaPinHex()
+                      << "\"\nstate_dir = \"" << dir << "/" << state
+                      << "\"\nlog_level = \"warn\"\n";
+  return path;
+}
+
+// (VmRSS in KiB, utime + stime in clock ticks) of a process.
+std::pair<long, long> Usage(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  long rss = 0;
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) rss = std::stol(line.substr(6));
+  }
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  std::istringstream fields(text.substr(text.rfind(')') + 2));
+  std::vector<std::string> f;
+  for (std::string x; fields >> x;) f.push_back(x);
+  return {rss, std::stol(f[11]) + std::stol(f[12])};  // fields 14 and 15 of /proc/pid/stat
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int runs = argc > 1 ? std::atoi(argv[1]) : 9;
+  int idle = argc > 2 ? std::atoi(argv[2]) : 60;
+  std::string bcd = BCD_BINARY;
+  std::string pattern = "/tmp/bcd-bench-XXXXXX";
+  std::string dir = mkdtemp(pattern.data());
+  DevPki pki = *DevPki::Create(std::time(nullptr));
+  auto gateway = *DevGateway::Start(pki, {});
+
+  std::vector<double> joins, starts;
+  std::string node_config;
+  for (int i = 0; i < runs; ++i) {
+    std::string config = Config(dir, *gateway, pki, "state" + std::to_string(i));
+    std::string token = gateway->AddJoinToken("bench-" + std::to_string(i));
+    auto start = Clock::now();
+    if (Wait(Spawn({bcd, "join", "--config", config, "--token", token})) != 0) return 1;
+    joins.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+    node_config = config;
+  }
+  for (int i = 0; i < runs; ++i) {
+    auto start = Clock::now();
+    pid_t pid = Spawn({bcd, "node", "--config", node_config});
+    if (!gateway->WaitForWelcomes(i + 1, std::chrono::seconds(30))) return 1;
+    starts.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+    kill(pid, SIGTERM);
+    Wait(pid);
+  }
+  pid_t pid = Spawn({bcd, "node", "--config", node_config});
+  gateway->WaitForWelcomes(runs + 1, std::chrono::seconds(30));
+  auto [rss_start, ticks_start] = Usage(pid);
+  std::this_thread::sleep_for(std::chrono::seconds(idle));
+  auto [rss, ticks] = Usage(pid);
+  kill(pid, SIGTERM);
+  Wait(pid);
+  double cpu = 100.0 * static_cast<double>(ticks - ticks_start) / sysconf(_SC_CLK_TCK) / idle;
+  std::printf("runs %d, dev gateway on loopback, bcd %s\n", runs, bcd.c_str());
+  std::printf("bcd join (key, CSR, Join, persist), median   %7.1f ms\n", Median(joins));
+  std::printf("process start to Welcome, median             %7.1f ms\n", Median(starts));
+  std::printf("RSS of bcd node with a session: at Welcome %ld KiB, after %d s idle %ld KiB\n",
+              rss_start, idle, rss);
+  std::printf("CPU while idle for %d s                       %7.3f %% of one core\n", idle, cpu);
+  std::filesystem::remove_all(dir);
+  return 0;
+}
