@@ -8,8 +8,10 @@
 
 #include "daemon/cli.h"
 #include "daemon/subprocess.h"
+#include "transport/tls.h"
 
 int main(int argc, char** argv) {
+  bcd::transport::StructureGrpcLogs();
   utsname uts{};
   uname(&uts);
   bcd::SubprocessRunner runner;

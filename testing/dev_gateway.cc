@@ -52,10 +52,12 @@ struct DevGateway::State {
   DevGatewayOptions options;
   mutable std::mutex mu;
   std::map<std::string, JoinToken> tokens;  // guarded by mu
-  int defer_count = 0;                      // guarded by mu
-  uint32_t defer_seconds = 0;               // guarded by mu
-  int granted = 0;                          // guarded by mu
-  int calls = 0;                            // guarded by mu
+  std::map<std::string, std::string>
+      credentials;             // node id -> provisioning credential, guarded by mu
+  int defer_count = 0;         // guarded by mu
+  uint32_t defer_seconds = 0;  // guarded by mu
+  int granted = 0;             // guarded by mu
+  int calls = 0;               // guarded by mu
 
   int64_t Now() const {
     return options.now ? options.now() : static_cast<int64_t>(std::time(nullptr));
@@ -82,16 +84,27 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
                     v1::JoinResponse* response) override {
     std::lock_guard<std::mutex> lock(state_->mu);
     ++state_->calls;
-    if (request->attestor() != "join-token") {
+    std::string token_key = request->evidence();
+    if (request->attestor() == "provisioned") {
+      // A provisioning credential is spent like a token: it becomes one, bound to its node.
+      auto credential = state_->credentials.find(request->node_id());
+      if (credential == state_->credentials.end() || credential->second != request->evidence()) {
+        return Refuse(context, grpc::StatusCode::UNAUTHENTICATED, "invalid-credential",
+                      "no such provisioning credential for this node");
+      }
+      token_key = "provisioned:" + request->node_id() + ":" + request->evidence();
+      state_->tokens.try_emplace(token_key,
+                                 JoinToken{request->node_id(), state_->Now() + 3600, false, ""});
+    } else if (request->attestor() != "join-token") {
       return Refuse(context, grpc::StatusCode::INVALID_ARGUMENT, "unsupported-attestor",
-                    "the dev gateway knows the join-token attestor only");
+                    "the dev gateway knows the join-token and provisioned attestors");
     }
     if (request->role() != bettercompute::common::v1::ROLE_NODE &&
         request->role() != bettercompute::common::v1::ROLE_SITE) {
       return Refuse(context, grpc::StatusCode::INVALID_ARGUMENT, "bad-role",
                     "role must be node or site");
     }
-    auto it = state_->tokens.find(request->evidence());
+    auto it = state_->tokens.find(token_key);
     if (it == state_->tokens.end()) {
       return Refuse(context, grpc::StatusCode::UNAUTHENTICATED, "invalid-token",
                     "unknown join token");
@@ -393,6 +406,13 @@ int DevGateway::renewals() const {
 int DevGateway::clean_ends() const {
   std::lock_guard<std::mutex> lock(state_->mu);
   return state_->clean_ends;
+}
+
+std::string DevGateway::AddProvisioningCredential(const std::string& node_id) {
+  std::string credential = "bcdpc_" + pki::Base64UrlEncode(pki::RandomBytes(24));
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->credentials[node_id] = credential;
+  return credential;
 }
 
 std::string DevGateway::AddJoinToken(const std::string& node_id, int64_t ttl) {

@@ -46,6 +46,9 @@ class DevGateway {
 
   // A single-use join token for `node_id`, valid `ttl` seconds.
   std::string AddJoinToken(const std::string& node_id, int64_t ttl = 3600);
+  // A provisioning credential for `node_id`, as a deploy would write it for the provisioned
+  // attestor.
+  std::string AddProvisioningCredential(const std::string& node_id);
   // The next `count` joins are deferred by `retry_after` seconds.
   void DeferJoins(int count, uint32_t retry_after);
   // Joins granted so far.

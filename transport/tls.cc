@@ -5,9 +5,12 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
+#include <cstdio>
+#include <cstring>
 #include <ctime>
 
 #include "fmt/format.h"
+#include "grpc/support/log.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/tls_certificate_provider.h"
@@ -113,6 +116,20 @@ absl::Status RequireTls13() {
     return new absl::Status();
   }();
   return *result;
+}
+
+void StructureGrpcLogs() {
+  gpr_set_log_verbosity(GPR_LOG_SEVERITY_ERROR);
+  gpr_set_log_function([](gpr_log_func_args* args) {
+    std::string message = args->message ? args->message : "";
+    for (char& c : message) {
+      if (c == '"' || c == '\n') c = '\'';
+    }
+    const char* file = args->file ? std::strrchr(args->file, '/') : nullptr;
+    std::fprintf(stderr, "level=%s event=grpc source=%s:%d message=\"%s\"\n",
+                 args->severity == GPR_LOG_SEVERITY_ERROR ? "error" : "info",
+                 file ? file + 1 : (args->file ? args->file : "?"), args->line, message.c_str());
+  });
 }
 
 void VerificationLog::Record(std::string reason) {

@@ -23,6 +23,10 @@ namespace bcd::transport {
 // (Protocol = -TLSv1.2 on top of gRPC's own 1.2 floor). Idempotent; call before gRPC touches TLS.
 absl::Status RequireTls13();
 
+// Makes gRPC's own log lines structured like bcd's (level=... event=grpc ...) on stderr, errors
+// only.
+void StructureGrpcLogs();
+
 // The reason of the last server verification failure, for a message a person can act on (gRPC
 // reports a failed handshake only as UNAVAILABLE). Thread-safe.
 class VerificationLog {

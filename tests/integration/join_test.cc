@@ -15,6 +15,7 @@
 #include "daemon/cli.h"
 #include "daemon/identity.h"
 #include "gtest/gtest.h"
+#include "pki/keys.h"
 #include "testing/dev_gateway.h"
 #include "tests/unit/fake_root.h"
 
@@ -226,6 +227,64 @@ TEST_F(Join, NeedsATokenOrANodeId) {
   EXPECT_EQ(Run({"join", "--token", "a", "--role", "ramdisk"}).err,
             "bcd join: --role must be node or site, got \"ramdisk\"\n");
   EXPECT_EQ(Run({"join", "--token"}).code, kExitUsage);
+}
+
+}  // namespace
+}  // namespace bcd
+
+namespace bcd {
+namespace {
+
+TEST_F(Join, AProvisionedMachineJoinsWithItsNodeIdAndCredential) {
+  dir_.Write("credential", gateway_->AddProvisioningCredential("n-7"));
+  Result r =
+      Run({"join", "--node-id", "n-7", "--credential-file", (dir_.path() / "credential").string()});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(StateDir::Open(dir_.path() / "state")->LoadIdentity()->node.id.node(), "n-7");
+}
+
+TEST_F(Join, AWrongProvisioningCredentialIsRefused) {
+  gateway_->AddProvisioningCredential("n-7");
+  dir_.Write("credential", "bcdpc_wrong");
+  Result r =
+      Run({"join", "--node-id", "n-7", "--credential-file", (dir_.path() / "credential").string()});
+  EXPECT_EQ(r.code, kExitJoinRefused);
+  EXPECT_EQ(r.err,
+            "bcd join: join refused (invalid-credential): no such provisioning credential for this "
+            "node\n");
+}
+
+TEST_F(Join, AnExpiredTokenIsRefused) {
+  Result r = Run({"join", "--token", gateway_->AddJoinToken("n-1", /*ttl=*/0)});
+  EXPECT_EQ(r.code, kExitJoinRefused);
+  EXPECT_EQ(r.err, "bcd join: join refused (token-expired): the join token expired\n");
+}
+
+TEST_F(Join, RefusesAJoinServiceKeyOtherThanThePinnedOne) {
+  std::string other_pin = pki::Hex(pki::PrivateKey::Generate()->Public().SpkiSha256());
+  dir_.Write("config.toml",
+             "gateway_url = \"https://127.0.0.1:" + std::to_string(gateway_->port()) +
+                 "\"\ngateway_server_name = \"gw.dev.test\"\ngateway_ca_spki_sha256 = \"" +
+                 pki_.ServingCaPinHex() + "\"\njoin_service_key_sha256 = \"" + other_pin +
+                 "\"\nstate_dir = \"" + (dir_.path() / "state").string() + "\"\n");
+  Result r = Run({"join", "--token", gateway_->AddJoinToken("n-1")});
+  EXPECT_EQ(r.code, kExitOther);
+  EXPECT_EQ(r.err, "bcd join: join answer refused: the JoinService key (SPKI sha256 " +
+                       pki::Hex(pki_.join_service_key().Public().SpkiSha256()) +
+                       ") is not the pinned one (" + other_pin + ")\n");
+  EXPECT_FALSE(std::filesystem::exists(dir_.path() / "state" / "identity.pem"));
+}
+
+TEST_F(Join, RefusesAGatewayServingAChainFromAnotherCa) {
+  DevPki other = *DevPki::Create(std::time(nullptr));
+  auto impostor = *DevGateway::Start(other, {});
+  WriteConfig(pki_.ServingCaPinHex(), DevPki::kGatewayName, impostor->port());
+  Result r = Run({"join", "--token", "t"});
+  EXPECT_EQ(r.code, kExitOther);
+  EXPECT_NE(r.err.find("the gateway's certificate chain does not lead to the pinned CA"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(impostor->join_calls(), 0);
 }
 
 }  // namespace
