@@ -1,6 +1,7 @@
 #include "daemon/join.h"
 
 #include "bettercompute/agent/v1/session.grpc.pb.h"
+#include "daemon/gateway.h"
 #include "fmt/format.h"
 #include "fmt/ostream.h"
 #include "grpcpp/client_context.h"
@@ -91,17 +92,8 @@ absl::StatusOr<Identity> JoinFleet(const Config& config, const JoinSpec& spec) {
   if (!csr.ok()) return csr.status();
 
   auto log = std::make_shared<transport::VerificationLog>();
-  transport::ChannelSpec channel_spec{
-      .target = fmt::format("{}:{}",
-                            config.gateway_url()->host_is_ip() &&
-                                    config.gateway_url()->host().find(':') != std::string::npos
-                                ? "[" + config.gateway_url()->host() + "]"
-                                : config.gateway_url()->host(),
-                            config.gateway_url()->port()),
-      .server_name = config.GatewayServerName(),
-      .log = log};
-  std::copy(config.gateway_ca_spki_sha256()->bytes().begin(),
-            config.gateway_ca_spki_sha256()->bytes().end(), channel_spec.ca_spki_sha256.begin());
+  transport::ChannelSpec channel_spec = GatewayChannel(config);
+  channel_spec.log = log;
   auto stub = v1::AgentGateway::NewStub(transport::MakeChannel(channel_spec));
 
   v1::JoinRequest request;

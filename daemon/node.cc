@@ -1,6 +1,7 @@
 #include "daemon/node.h"
 
 #include "daemon/control.h"
+#include "daemon/gateway.h"
 #include "daemon/identity.h"
 #include "daemon/renew.h"
 #include "fmt/format.h"
@@ -41,15 +42,9 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
     return absl::DataLossError(
         fmt::format("{}: {}", state->TrustBundlePath().string(), ToStd(trust.status().message())));
   }
-  const Url& url = *config.gateway_url();
-  transport::ChannelSpec spec{.target = url.host().find(':') != std::string::npos
-                                            ? fmt::format("[{}]:{}", url.host(), url.port())
-                                            : fmt::format("{}:{}", url.host(), url.port()),
-                              .server_name = config.GatewayServerName(),
-                              .keepalive_time = env.keepalive_time,
-                              .keepalive_timeout = env.keepalive_timeout};
-  std::copy(config.gateway_ca_spki_sha256()->bytes().begin(),
-            config.gateway_ca_spki_sha256()->bytes().end(), spec.ca_spki_sha256.begin());
+  transport::ChannelSpec spec = GatewayChannel(config);
+  spec.keepalive_time = env.keepalive_time;
+  spec.keepalive_timeout = env.keepalive_timeout;
   StateDir dir = *state;
   std::unique_ptr<NodeDaemon> daemon(new NodeDaemon());
   daemon->transport_ = std::make_unique<transport::GrpcTransport>(
