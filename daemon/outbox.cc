@@ -1,0 +1,88 @@
+#include "daemon/outbox.h"
+
+#include <charconv>
+
+#include "fmt/format.h"
+#include "pki/files.h"
+#include "proto/frame_codec.h"
+
+namespace bcd {
+
+namespace v1 = bettercompute::agent::v1;
+
+uint64_t SeqOf(const v1::AgentFrame& frame) {
+  if (frame.has_command_update()) return frame.command_update().seq();
+  if (frame.has_event()) return frame.event().seq();
+  return 0;
+}
+
+absl::StatusOr<Outbox> Outbox::Open(const std::filesystem::path& dir, OutboxLimits limits) {
+  std::vector<std::string> records;
+  absl::StatusOr<RecordLog> log = RecordLog::Open(dir / "outbox.log", &records);
+  if (!log.ok()) return log.status();
+  Outbox outbox(dir, limits, *std::move(log));
+  absl::StatusOr<std::string> acked = pki::ReadWholeFile(dir / "outbox.acked", 64);
+  if (acked.ok()) {
+    auto [end, ec] =
+        std::from_chars(acked->data(), acked->data() + acked->size(), outbox.last_acked_);
+    if (ec != std::errc() || end != acked->data() + acked->size()) {
+      return absl::DataLossError(
+          fmt::format("{}: not a sequence number", (dir / "outbox.acked").string()));
+    }
+  } else if (!absl::IsNotFound(acked.status())) {
+    return acked.status();
+  }
+  uint64_t highest = outbox.last_acked_;
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    v1::AgentFrame frame;
+    if (absl::Status s = proto::DecodeMessage(records[i], &frame); !s.ok() || SeqOf(frame) == 0) {
+      return absl::DataLossError(
+          fmt::format("{}: record {} is not an outbox frame", (dir / "outbox.log").string(), i));
+    }
+    highest = std::max(highest, SeqOf(frame));
+    if (SeqOf(frame) > outbox.last_acked_) outbox.pending_.push_back(std::move(frame));
+  }
+  outbox.next_seq_ = highest + 1;
+  return outbox;
+}
+
+absl::StatusOr<v1::AgentFrame> Outbox::Append(v1::AgentFrame frame) {
+  if (pending_.size() >= limits_.max_entries) {
+    return absl::ResourceExhaustedError(
+        fmt::format("the outbox is full: {} entries wait for the gateway's Ack", pending_.size()));
+  }
+  if (frame.has_command_update()) {
+    frame.mutable_command_update()->set_seq(next_seq_);
+  } else if (frame.has_event()) {
+    frame.mutable_event()->set_seq(next_seq_);
+  } else {
+    return absl::InvalidArgumentError("only command updates and events go through the outbox");
+  }
+  absl::StatusOr<std::string> bytes = proto::EncodeMessage(frame);
+  if (!bytes.ok()) return bytes.status();
+  if (absl::Status s = log_.Append(*bytes); !s.ok()) return s;
+  ++next_seq_;
+  pending_.push_back(frame);
+  return frame;
+}
+
+absl::Status Outbox::Ack(uint64_t up_to_seq) {
+  if (up_to_seq <= last_acked_) return absl::OkStatus();
+  up_to_seq =
+      std::min(up_to_seq, next_seq_ - 1);  // an Ack beyond what was sent covers what was sent
+  if (absl::Status s = pki::AtomicWriteFile(dir_ / "outbox.acked", std::to_string(up_to_seq), 0600);
+      !s.ok()) {
+    return s;
+  }
+  last_acked_ = up_to_seq;
+  while (!pending_.empty() && SeqOf(pending_.front()) <= up_to_seq) pending_.pop_front();
+  // Compact once the acknowledged part dominates the file.
+  if (pending_.empty() || log_.bytes() > 4 * 1024 * 1024) {
+    std::vector<std::string> keep;
+    for (const v1::AgentFrame& frame : pending_) keep.push_back(frame.SerializeAsString());
+    return log_.Rewrite(keep);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace bcd

@@ -1,0 +1,55 @@
+#pragma once
+
+// The outbox: command updates and events wait here, in one per-node sequence, until an Ack covers
+// them. Append persists (fsync) before it returns, so what the session sends survives a crash of
+// either side; after a reconnect or restart everything not acknowledged is sent again, in order.
+// Bounded: when full, Append refuses (and the caller raises the outbox.full event it keeps room
+// for).
+//
+// Not thread-safe: the session engine owns it.
+
+#include <cstdint>
+#include <deque>
+#include <filesystem>
+#include <optional>
+
+#include "absl/status/statusor.h"
+#include "bettercompute/agent/v1/session.pb.h"
+#include "daemon/record_log.h"
+
+namespace bcd {
+
+struct OutboxLimits {
+  std::size_t max_entries = 100000;
+};
+
+class Outbox {
+ public:
+  static absl::StatusOr<Outbox> Open(const std::filesystem::path& dir, OutboxLimits limits = {});
+
+  // Gives `frame` (a command_update or an event) the next seq and persists it.
+  absl::StatusOr<bettercompute::agent::v1::AgentFrame> Append(
+      bettercompute::agent::v1::AgentFrame frame);
+  // Drops every entry with seq <= up_to_seq; persists the acknowledged seq.
+  absl::Status Ack(uint64_t up_to_seq);
+
+  const std::deque<bettercompute::agent::v1::AgentFrame>& pending() const { return pending_; }
+  uint64_t last_acked() const { return last_acked_; }
+  uint64_t next_seq() const { return next_seq_; }
+
+ private:
+  Outbox(std::filesystem::path dir, OutboxLimits limits, RecordLog log)
+      : dir_(std::move(dir)), limits_(limits), log_(std::move(log)) {}
+
+  std::filesystem::path dir_;
+  OutboxLimits limits_;
+  RecordLog log_;
+  std::deque<bettercompute::agent::v1::AgentFrame> pending_;
+  uint64_t last_acked_ = 0;
+  uint64_t next_seq_ = 1;
+};
+
+// The seq of an outbox frame (command_update.seq or event.seq); 0 for any other frame.
+uint64_t SeqOf(const bettercompute::agent::v1::AgentFrame& frame);
+
+}  // namespace bcd

@@ -1,0 +1,144 @@
+#include "daemon/outbox.h"
+
+#include <fstream>
+
+#include "gtest/gtest.h"
+#include "proto/absl_compat.h"
+#include "tests/unit/fake_root.h"
+
+namespace bcd {
+namespace {
+
+namespace v1 = bettercompute::agent::v1;
+using bcd::testing::FakeRoot;
+
+std::string Message(const absl::Status& status) { return std::string(ToStd(status.message())); }
+
+v1::AgentFrame Event(const std::string& kind) {
+  v1::AgentFrame frame;
+  frame.mutable_event()->set_kind(kind);
+  return frame;
+}
+
+std::vector<std::string> Kinds(const Outbox& outbox) {
+  std::vector<std::string> kinds;
+  for (const auto& frame : outbox.pending()) kinds.push_back(frame.event().kind());
+  return kinds;
+}
+
+TEST(RecordLog, KeepsRecordsAcrossReopen) {
+  FakeRoot dir;
+  std::vector<std::string> records;
+  {
+    RecordLog log = *RecordLog::Open(dir.path() / "log", &records);
+    ASSERT_TRUE(log.Append("one").ok());
+    ASSERT_TRUE(log.Append("").ok());
+    ASSERT_TRUE(log.Append("three").ok());
+  }
+  RecordLog log = *RecordLog::Open(dir.path() / "log", &records);
+  EXPECT_EQ(records, (std::vector<std::string>{"one", "", "three"}));
+}
+
+TEST(RecordLog, CutsATornLastRecordAndKeepsAppending) {
+  FakeRoot dir;
+  std::vector<std::string> records;
+  {
+    RecordLog log = *RecordLog::Open(dir.path() / "log", &records);
+    ASSERT_TRUE(log.Append("kept").ok());
+    ASSERT_TRUE(log.Append("torn away").ok());
+  }
+  std::filesystem::resize_file(dir.path() / "log",
+                               std::filesystem::file_size(dir.path() / "log") - 3);
+  {
+    RecordLog log = *RecordLog::Open(dir.path() / "log", &records);
+    EXPECT_EQ(records, std::vector<std::string>{"kept"});
+    ASSERT_TRUE(log.Append("after").ok());
+  }
+  records.clear();
+  RecordLog log = *RecordLog::Open(dir.path() / "log", &records);
+  EXPECT_EQ(records, (std::vector<std::string>{"kept", "after"}));
+}
+
+TEST(RecordLog, DamageBeforeTheEndIsDataLossNamingTheOffset) {
+  FakeRoot dir;
+  std::vector<std::string> records;
+  {
+    RecordLog log = *RecordLog::Open(dir.path() / "log", &records);
+    ASSERT_TRUE(log.Append("first").ok());
+    ASSERT_TRUE(log.Append("second").ok());
+  }
+  std::fstream file(dir.path() / "log", std::ios::in | std::ios::out | std::ios::binary);
+  file.seekp(9);  // inside "first"
+  file.put('X');
+  file.close();
+  absl::StatusOr<RecordLog> log = RecordLog::Open(dir.path() / "log", &records);
+  EXPECT_EQ(log.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(Message(log.status()), (dir.path() / "log").string() + ": damaged record at byte 0");
+}
+
+TEST(Outbox, NumbersEntriesAndKeepsThemUntilAcked) {
+  FakeRoot dir;
+  Outbox outbox = *Outbox::Open(dir.path());
+  EXPECT_EQ(outbox.Append(Event("a"))->event().seq(), 1u);
+  EXPECT_EQ(outbox.Append(Event("b"))->event().seq(), 2u);
+  EXPECT_EQ(outbox.Append(Event("c"))->event().seq(), 3u);
+  ASSERT_TRUE(outbox.Ack(2).ok());
+  EXPECT_EQ(Kinds(outbox), std::vector<std::string>{"c"});
+  EXPECT_EQ(outbox.last_acked(), 2u);
+}
+
+TEST(Outbox, ARestartResendsWhatWasNotAckedInOrderAndGoesOnNumbering) {
+  FakeRoot dir;
+  {
+    Outbox outbox = *Outbox::Open(dir.path());
+    for (const char* kind : {"a", "b", "c", "d"}) ASSERT_TRUE(outbox.Append(Event(kind)).ok());
+    ASSERT_TRUE(outbox.Ack(1).ok());
+  }
+  Outbox outbox = *Outbox::Open(dir.path());
+  EXPECT_EQ(Kinds(outbox), (std::vector<std::string>{"b", "c", "d"}));
+  EXPECT_EQ(outbox.last_acked(), 1u);
+  EXPECT_EQ(outbox.Append(Event("e"))->event().seq(), 5u);
+}
+
+TEST(Outbox, SequenceNumbersNeverGoBackAfterEverythingWasAcked) {
+  FakeRoot dir;
+  {
+    Outbox outbox = *Outbox::Open(dir.path());
+    ASSERT_TRUE(outbox.Append(Event("a")).ok());
+    ASSERT_TRUE(outbox.Ack(1).ok());  // compacts the log to nothing
+  }
+  Outbox outbox = *Outbox::Open(dir.path());
+  EXPECT_TRUE(outbox.pending().empty());
+  EXPECT_EQ(outbox.Append(Event("b"))->event().seq(), 2u);
+}
+
+TEST(Outbox, AFullOutboxRefusesWithAClearMessage) {
+  FakeRoot dir;
+  Outbox outbox = *Outbox::Open(dir.path(), {.max_entries = 2});
+  ASSERT_TRUE(outbox.Append(Event("a")).ok());
+  ASSERT_TRUE(outbox.Append(Event("b")).ok());
+  absl::StatusOr<v1::AgentFrame> full = outbox.Append(Event("c"));
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(Message(full.status()), "the outbox is full: 2 entries wait for the gateway's Ack");
+}
+
+TEST(Outbox, TakesOnlyUpdatesAndEvents) {
+  FakeRoot dir;
+  Outbox outbox = *Outbox::Open(dir.path());
+  v1::AgentFrame hello;
+  hello.mutable_hello();
+  EXPECT_EQ(outbox.Append(hello).status().code(), absl::StatusCode::kInvalidArgument);
+  v1::AgentFrame update;
+  update.mutable_command_update()->set_command_id("c-1");
+  EXPECT_EQ(outbox.Append(update)->command_update().seq(), 1u);
+}
+
+TEST(Outbox, ACorruptAckFileIsNamed) {
+  FakeRoot dir;
+  dir.Write("outbox.acked", "twelve");
+  EXPECT_EQ(Message(Outbox::Open(dir.path()).status()),
+            (dir.path() / "outbox.acked").string() + ": not a sequence number");
+}
+
+}  // namespace
+}  // namespace bcd
