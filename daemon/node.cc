@@ -77,11 +77,22 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
           log->Warn("trust.persist_failed", {{"error", std::string(ToStd(s.message()))}});
         }
       }};
-  daemon->renewer_ =
-      std::make_unique<Renewer>(spec, dir, trust->node_cas(), env.now, env.uniform01, env.log);
-  daemon->engine_ =
-      std::make_unique<SessionEngine>(daemon->transport_.get(), *std::move(trust),
-                                      identity->join_service_key, std::move(options), env.log);
+  absl::StatusOr<Outbox> outbox = Outbox::Open(dir.path());
+  if (!outbox.ok()) return outbox.status();
+  daemon->outbox_ = std::make_unique<Outbox>(*std::move(outbox));
+  NodeDaemon* self = daemon.get();
+  daemon->renewer_ = std::make_unique<Renewer>(
+      spec, dir, trust->node_cas(), env.now, env.uniform01, env.log,
+      [self](const Identity& renewed) {
+        (void)self->engine_->Emit(
+            bettercompute::agent::v1::SEVERITY_INFO, "identity.renewed",
+            "the node certificate was renewed",
+            {{"generation", std::to_string(renewed.node.generation.value_or(0))},
+             {"not_after", std::to_string(renewed.chain.front().NotAfter())}});
+      });
+  daemon->engine_ = std::make_unique<SessionEngine>(daemon->transport_.get(), *std::move(trust),
+                                                    identity->join_service_key, std::move(options),
+                                                    daemon->outbox_.get(), env.log);
   if (QueryControl(dir.path() / "bcd.sock").ok()) {
     return absl::FailedPreconditionError(
         fmt::format("another bcd is already running on {}", dir.path().string()));

@@ -50,6 +50,7 @@ class NodeDaemon {
   std::unique_ptr<SessionEngine> engine_;
   std::unique_ptr<class Renewer> renewer_;
   std::unique_ptr<class ControlServer> control_;
+  std::unique_ptr<Outbox> outbox_;
   std::filesystem::path state_dir_;
   std::function<int64_t()> now_;
 };

@@ -22,7 +22,8 @@ int64_t RenewalTime(int64_t not_before, int64_t not_after, double uniform01) {
 
 absl::StatusOr<Identity> RenewOnce(const transport::ChannelSpec& gateway, const StateDir& state,
                                    const Identity& current,
-                                   const std::vector<pki::Certificate>& node_cas, int64_t now) {
+                                   const std::vector<pki::Certificate>& node_cas,
+                                   const std::function<int64_t()>& now) {
   absl::StatusOr<pki::PrivateKey> key = pki::PrivateKey::Generate();
   if (!key.ok()) return key.status();
   absl::StatusOr<std::string> csr = pki::CreateCsr(*key, current.node.id.node());
@@ -30,7 +31,7 @@ absl::StatusOr<Identity> RenewOnce(const transport::ChannelSpec& gateway, const 
   v1::RenewRequest request;
   for (const pki::Certificate& cert : current.chain) request.add_chain(cert.Der());
   request.set_csr(*csr);
-  request.set_timestamp(static_cast<uint64_t>(now));
+  request.set_timestamp(static_cast<uint64_t>(now()));
   request.set_nonce(pki::RandomBytes(16));
   absl::StatusOr<std::string> proof = current.key.SignEs256(proto::RenewSigningInput(request));
   if (!proof.ok()) return proof.status();
@@ -56,7 +57,7 @@ absl::StatusOr<Identity> RenewOnce(const transport::ChannelSpec& gateway, const 
   };
   if (chain->front().SpkiDer() != key->Public().SpkiDer())
     return refuse("it is not for the new key");
-  if (absl::Status s = pki::VerifyChain(*chain, node_cas, now); !s.ok()) {
+  if (absl::Status s = pki::VerifyChain(*chain, node_cas, now()); !s.ok()) {
     return refuse(fmt::format("it does not chain to the node CA: {}", ToStd(s.message())));
   }
   absl::StatusOr<pki::NodeIdentity> node = pki::IdentityOf(chain->front());
@@ -72,13 +73,15 @@ absl::StatusOr<Identity> RenewOnce(const transport::ChannelSpec& gateway, const 
 
 Renewer::Renewer(transport::ChannelSpec gateway, StateDir state,
                  std::vector<pki::Certificate> node_cas, std::function<int64_t()> now,
-                 std::function<double()> uniform01, Logger* log)
+                 std::function<double()> uniform01, Logger* log,
+                 std::function<void(const Identity&)> on_renewed)
     : gateway_(std::move(gateway)),
       state_(std::move(state)),
       node_cas_(std::move(node_cas)),
       now_(std::move(now)),
       uniform01_(std::move(uniform01)),
-      log_(log) {}
+      log_(log),
+      on_renewed_(std::move(on_renewed)) {}
 
 Renewer::~Renewer() { Stop(); }
 
@@ -123,11 +126,16 @@ void Renewer::Loop() {
     while (!stopping_ && now_() < at) cv_.wait_for(lock, std::chrono::seconds(at - now_()));
     if (stopping_) return;
     lock.unlock();
-    absl::StatusOr<Identity> renewed = RenewOnce(gateway_, state_, *current, node_cas_, now_());
+    absl::StatusOr<Identity> renewed = RenewOnce(gateway_, state_, *current, node_cas_, now_);
     lock.lock();
     if (renewed.ok()) {
       ++renewals_;
       cv_.notify_all();
+      if (on_renewed_) {
+        lock.unlock();
+        on_renewed_(*renewed);
+        lock.lock();
+      }
       backoff.Reset();
       log_->Info("renew.done",
                  {{"not_after", std::to_string(renewed->chain.front().NotAfter())},

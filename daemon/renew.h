@@ -20,10 +20,12 @@
 
 namespace bcd {
 
-// One renewal, now. Returns the stored new identity.
+// One renewal, now. Returns the stored new identity. `now` is read when the request is signed and
+// again when the answer is verified (a CA may stamp notBefore after the request left).
 absl::StatusOr<Identity> RenewOnce(const transport::ChannelSpec& gateway, const StateDir& state,
                                    const Identity& current,
-                                   const std::vector<pki::Certificate>& node_cas, int64_t now);
+                                   const std::vector<pki::Certificate>& node_cas,
+                                   const std::function<int64_t()>& now);
 
 // When to renew a certificate valid [not_before, not_after): 2/3 of its life plus jitter (0..10 %).
 int64_t RenewalTime(int64_t not_before, int64_t not_after, double uniform01);
@@ -32,7 +34,8 @@ int64_t RenewalTime(int64_t not_before, int64_t not_after, double uniform01);
 class Renewer {
  public:
   Renewer(transport::ChannelSpec gateway, StateDir state, std::vector<pki::Certificate> node_cas,
-          std::function<int64_t()> now, std::function<double()> uniform01, Logger* log);
+          std::function<int64_t()> now, std::function<double()> uniform01, Logger* log,
+          std::function<void(const Identity&)> on_renewed = nullptr);
   ~Renewer();
   void Start();
   void Stop();
@@ -49,6 +52,7 @@ class Renewer {
   std::function<int64_t()> now_;
   std::function<double()> uniform01_;
   Logger* log_;
+  std::function<void(const Identity&)> on_renewed_;
   std::thread thread_;
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;

@@ -10,13 +10,38 @@ namespace bcd {
 namespace v1 = bettercompute::agent::v1;
 
 SessionEngine::SessionEngine(transport::Transport* transport, pki::TrustState trust,
-                             pki::PublicKey join_service_key, SessionOptions options, Logger* log)
+                             pki::PublicKey join_service_key, SessionOptions options,
+                             Outbox* outbox, Logger* log)
     : transport_(transport),
       trust_(std::move(trust)),
       join_service_key_(std::move(join_service_key)),
       options_(std::move(options)),
-      log_(log) {
+      log_(log),
+      outbox_(outbox) {
   snapshot_.trust_version = trust_.version();
+  snapshot_.outbox_pending = outbox_->pending().size();
+  snapshot_.last_acked_seq = outbox_->last_acked();
+}
+
+absl::Status SessionEngine::Emit(v1::Severity severity, std::string kind, std::string message,
+                                 std::map<std::string, std::string> attributes) {
+  v1::AgentFrame frame;
+  v1::Event* event = frame.mutable_event();
+  event->set_kind(std::move(kind));
+  event->set_severity(severity);
+  event->set_message(std::move(message));
+  event->set_time_ms(static_cast<uint64_t>(options_.now()) * 1000);
+  for (auto& [key, value] : attributes) (*event->mutable_attributes())[key] = value;
+  std::lock_guard<std::mutex> lock(outbox_mu_);
+  absl::StatusOr<v1::AgentFrame> stored = outbox_->Append(std::move(frame));
+  if (!stored.ok()) {
+    log_->Warn("outbox.refused", {{"error", std::string(ToStd(stored.status().message()))}});
+    return stored.status();
+  }
+  if (live_ != nullptr) live_->Write(*stored);
+  std::lock_guard<std::mutex> snapshot_lock(mu_);
+  snapshot_.outbox_pending = outbox_->pending().size();
+  return absl::OkStatus();
 }
 
 SessionEngine::~SessionEngine() = default;
@@ -51,7 +76,10 @@ v1::AgentFrame SessionEngine::Hello() const {
   hello->set_role(options_.role);
   hello->set_trust_version(trust_.version());
   hello->set_applied_generation(0);  // no desired state is applied by this build yet
-  hello->set_last_acked_seq(0);      // no outbox in this build yet
+  {
+    std::lock_guard<std::mutex> lock(outbox_mu_);
+    hello->set_last_acked_seq(outbox_->last_acked());
+  }
   hello->set_boot_id(options_.boot_id);
   hello->set_started_at(static_cast<uint64_t>(options_.started_at));
   hello->set_approver_set_epoch(trust_.approvers().epoch());
@@ -67,6 +95,10 @@ v1::AgentFrame SessionEngine::Status() const {
   status->set_trust_version(trust_.version());
   status->set_certificate_not_after(static_cast<uint64_t>(options_.certificate_not_after));
   status->set_daemon_version(BCD_VERSION);
+  {
+    std::lock_guard<std::mutex> lock(outbox_mu_);
+    status->set_outbox_pending(outbox_->pending().size());
+  }
   status->set_approver_set_epoch(trust_.approvers().epoch());
   status->set_approver_set_sha256(trust_.approvers().Sha256());
   return frame;
@@ -81,6 +113,7 @@ bool SessionEngine::ApplyTrust(const v1::SignedTrustBundle& bundle) {
   trust_ = update->state;
   if (!update->approver_set_refusal.empty()) {
     log_->Warn("trust.approver_set_refused", {{"reason", update->approver_set_refusal}});
+    (void)Emit(v1::SEVERITY_WARNING, "trust.approver_set_refused", update->approver_set_refusal);
   }
   if (options_.on_trust) options_.on_trust(bundle);
   {
@@ -88,6 +121,8 @@ bool SessionEngine::ApplyTrust(const v1::SignedTrustBundle& bundle) {
     snapshot_.trust_version = trust_.version();
   }
   log_->Info("trust.updated", {{"version", std::to_string(trust_.version())}});
+  (void)Emit(v1::SEVERITY_INFO, "trust.updated", "a newer trust bundle was taken",
+             {{"version", std::to_string(trust_.version())}});
   return true;
 }
 
@@ -95,6 +130,17 @@ bool SessionEngine::Handle(const v1::ServerFrame& frame) {
   switch (frame.frame_case()) {
     case v1::ServerFrame::kTrust:
       return ApplyTrust(frame.trust());
+    case v1::ServerFrame::kAck: {
+      std::lock_guard<std::mutex> lock(outbox_mu_);
+      if (absl::Status s = outbox_->Ack(frame.ack().up_to_seq()); !s.ok()) {
+        log_->Warn("outbox.ack_failed", {{"error", std::string(ToStd(s.message()))}});
+      }
+      std::lock_guard<std::mutex> snapshot_lock(mu_);
+      snapshot_.outbox_pending = outbox_->pending().size();
+      snapshot_.last_acked_seq = outbox_->last_acked();
+      cv_.notify_all();
+      return false;
+    }
     case v1::ServerFrame::FRAME_NOT_SET: {
       std::lock_guard<std::mutex> lock(mu_);
       ++snapshot_.unknown_frames;
@@ -141,6 +187,12 @@ transport::Refusal SessionEngine::Serve(transport::FrameStream& stream, Backoff&
              {{"session_id", welcome.session_id()},
               {"version", std::to_string(welcome.protocol_version())},
               {"upgrade_required", welcome.upgrade_required() ? "true" : "false"}});
+  {
+    // What the gateway has not acknowledged goes again, in order, before anything new.
+    std::lock_guard<std::mutex> lock(outbox_mu_);
+    for (const v1::AgentFrame& pending : outbox_->pending()) stream.Write(pending);
+    live_ = &stream;
+  }
   if (welcome.has_trust()) ApplyTrust(welcome.trust());
   stream.Write(Status());
 
@@ -166,6 +218,10 @@ transport::Refusal SessionEngine::Serve(transport::FrameStream& stream, Backoff&
   }
   ticker_cv.notify_all();
   ticker.join();
+  {
+    std::lock_guard<std::mutex> lock(outbox_mu_);
+    live_ = nullptr;
+  }
   return stream.Finish();
 }
 

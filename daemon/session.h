@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "absl/status/status.h"
 #include "bettercompute/agent/v1/session.pb.h"
 #include "daemon/log.h"
+#include "daemon/outbox.h"
 #include "pki/trust.h"
 #include "proto/version.h"
 #include "transport/transport.h"
@@ -47,12 +49,21 @@ struct SessionSnapshot {
   int welcomes = 0;
   int unknown_frames = 0;    // frame cases this build does not know: ignored
   int unhandled_frames = 0;  // known cases this build does not act on yet (commands, specs ...)
+  std::size_t outbox_pending = 0;
+  uint64_t last_acked_seq = 0;
 };
 
 class SessionEngine {
  public:
+  // `outbox` (owned by the caller) holds the command updates and events not yet acknowledged.
   SessionEngine(transport::Transport* transport, pki::TrustState trust,
-                pki::PublicKey join_service_key, SessionOptions options, Logger* log);
+                pki::PublicKey join_service_key, SessionOptions options, Outbox* outbox,
+                Logger* log);
+
+  // Records an event in the outbox and sends it now when connected. Thread-safe. An error means it
+  // could not be persisted (the outbox is full or the disk failed).
+  absl::Status Emit(bettercompute::agent::v1::Severity severity, std::string kind,
+                    std::string message, std::map<std::string, std::string> attributes = {});
   ~SessionEngine();
 
   // Runs until Stop() (OK) or a refusal that needs a person (FailedPrecondition, naming it).
@@ -79,6 +90,12 @@ class SessionEngine {
   pki::PublicKey join_service_key_;
   SessionOptions options_;
   Logger* log_;
+
+  // Appending to the outbox and sending in seq order happen under one lock, so an event emitted
+  // from another thread never overtakes the replay of older ones.
+  mutable std::mutex outbox_mu_;
+  Outbox* outbox_;                          // guarded by outbox_mu_
+  transport::FrameStream* live_ = nullptr;  // guarded by outbox_mu_: set once welcomed
 
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;

@@ -47,6 +47,7 @@ struct DevGateway::State {
   std::string refuse_reason;                                    // guarded by mu
   int64_t refuse_pushback_ms = 0;                               // guarded by mu
   int next_session = 1;                                         // guarded by mu
+  bool withhold_acks = false;                                   // guarded by mu
   int renewals = 0;                                             // guarded by mu
   std::set<std::string> renew_nonces;                           // guarded by mu
   DevGatewayOptions options;
@@ -281,9 +282,22 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
     state_->cv.notify_all();
     v1::AgentFrame frame;
     while (stream->Read(&frame)) {
-      std::lock_guard<std::mutex> lock(state_->mu);
-      state_->received[node].push_back(frame);
-      state_->cv.notify_all();
+      uint64_t seq = frame.has_event()            ? frame.event().seq()
+                     : frame.has_command_update() ? frame.command_update().seq()
+                                                  : 0;
+      bool ack = false;
+      {
+        std::lock_guard<std::mutex> lock(state_->mu);
+        state_->received[node].push_back(frame);
+        ack = seq != 0 && !state_->withhold_acks;
+        state_->cv.notify_all();
+      }
+      if (ack) {
+        v1::ServerFrame reply;
+        reply.mutable_ack()->set_up_to_seq(seq);
+        std::lock_guard<std::mutex> lock(session->write_mu);
+        stream->Write(reply);
+      }
     }
     {
       std::lock_guard<std::mutex> lock(session->write_mu);
@@ -396,6 +410,11 @@ void DevGateway::RefuseSessions(int count, int code, const std::string& reason,
 void DevGateway::DropSessions() {
   std::lock_guard<std::mutex> lock(state_->mu);
   for (auto& [node, session] : state_->open) session->context->TryCancel();
+}
+
+void DevGateway::WithholdAcks(bool withhold) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->withhold_acks = withhold;
 }
 
 int DevGateway::renewals() const {

@@ -76,6 +76,8 @@ class DevGateway {
   void DropSessions();
   // Whether each of the last sessions ended cleanly (the daemon half-closed).
   int clean_ends() const;
+  // Command updates and events are acknowledged as they arrive, unless withheld.
+  void WithholdAcks(bool withhold);
   // Renewals granted so far.
   int renewals() const;
 

@@ -152,8 +152,11 @@ TEST_F(Session, IgnoresUnknownServerFramesAndTakesANewerTrustBundle) {
   v1::ServerFrame trust;
   *trust.mutable_trust() = pki_.SignedBundle(2);
   ASSERT_TRUE(gateway_->Push("n-1", trust));
-  ASSERT_TRUE(gateway_->WaitForReceived("n-1", 2, kWait));  // the StatusReport the change sends
-  EXPECT_EQ(gateway_->Received("n-1")[1].status().trust_version(), 2u);
+  // The change sends an event (through the outbox) and a StatusReport.
+  ASSERT_TRUE(gateway_->WaitForReceived("n-1", 3, kWait));
+  EXPECT_EQ(gateway_->Received("n-1")[1].event().kind(), "trust.updated");
+  EXPECT_EQ(gateway_->Received("n-1")[1].event().attributes().at("version"), "2");
+  EXPECT_EQ(gateway_->Received("n-1")[2].status().trust_version(), 2u);
   EXPECT_EQ(daemon_->Snapshot().trust_version, 2u);
   EXPECT_EQ(daemon_->Snapshot().unknown_frames, 1);
   EXPECT_EQ(daemon_->Snapshot().welcomes, 1) << "the unknown frame did not end the session";
@@ -362,6 +365,51 @@ TEST_F(Session, KeepaliveNoticesAStalledNetworkAndTheDaemonRedials) {
   proxy->Resume();
   ASSERT_TRUE(daemon_->WaitUntil([](const SessionSnapshot& s) { return s.welcomes == 2; }, kWait));
   EXPECT_GE(proxy->connections(), 2);
+}
+
+}  // namespace
+}  // namespace bcd
+
+namespace bcd {
+namespace {
+
+// Events in the order and number the gateway saw them (seq and kind).
+std::vector<std::pair<uint64_t, std::string>> EventsSeen(const DevGateway& gateway) {
+  std::vector<std::pair<uint64_t, std::string>> out;
+  for (const auto& frame : gateway.Received("n-1")) {
+    if (frame.has_event()) out.emplace_back(frame.event().seq(), frame.event().kind());
+  }
+  return out;
+}
+
+TEST_F(Session, AnEventNotAckedBeforeAGatewayRestartIsSentAgainAndThenNeverTwice) {
+  Config config = JoinAs("n-1");
+  gateway_->WithholdAcks(true);
+  StartDaemon(config);
+  ASSERT_TRUE(gateway_->WaitForReceived("n-1", 1, kWait));
+  v1::ServerFrame trust;
+  *trust.mutable_trust() = pki_.SignedBundle(2);
+  ASSERT_TRUE(gateway_->Push("n-1", trust));
+  ASSERT_TRUE(gateway_->WaitForReceived("n-1", 3, kWait));
+  EXPECT_EQ(EventsSeen(*gateway_),
+            (std::vector<std::pair<uint64_t, std::string>>{{1, "trust.updated"}}));
+  EXPECT_EQ(daemon_->Snapshot().outbox_pending, 1u);
+
+  int port = gateway_->port();
+  StartGateway("1..1", port);  // acks as usual; the unacknowledged event must come again
+  ASSERT_TRUE(
+      daemon_->WaitUntil([](const SessionSnapshot& s) { return s.last_acked_seq == 1; }, kWait));
+  EXPECT_EQ(gateway_->LastHello("n-1")->last_acked_seq(), 0u);
+  EXPECT_EQ(EventsSeen(*gateway_),
+            (std::vector<std::pair<uint64_t, std::string>>{{1, "trust.updated"}}));
+  EXPECT_EQ(daemon_->Snapshot().outbox_pending, 0u);
+
+  StopDaemon();  // a restarted daemon knows what was acknowledged and sends nothing again
+  StartGateway("1..1", port);
+  StartDaemon(config);
+  ASSERT_TRUE(gateway_->WaitForReceived("n-1", 1, kWait));
+  EXPECT_EQ(gateway_->LastHello("n-1")->last_acked_seq(), 1u);
+  EXPECT_TRUE(EventsSeen(*gateway_).empty());
 }
 
 }  // namespace
