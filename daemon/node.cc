@@ -1,7 +1,9 @@
 #include "daemon/node.h"
 
 #include "daemon/control.h"
+#include "daemon/dispatcher.h"
 #include "daemon/gateway.h"
+#include "daemon/handlers.h"
 #include "daemon/identity.h"
 #include "daemon/renew.h"
 #include "fmt/format.h"
@@ -93,6 +95,26 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
   daemon->engine_ = std::make_unique<SessionEngine>(daemon->transport_.get(), *std::move(trust),
                                                     identity->join_service_key, std::move(options),
                                                     daemon->outbox_.get(), env.log);
+  absl::StatusOr<ResultStore> results = ResultStore::Open(dir.path(), env.now());
+  if (!results.ok()) return results.status();
+  daemon->results_ = std::make_unique<ResultStore>(*std::move(results));
+  daemon->dispatcher_ = std::make_unique<Dispatcher>(
+      mode, identity->node.id.node(), daemon->results_.get(),
+      DispatcherHooks{.update =
+                          [self](const bettercompute::agent::v1::CommandUpdate& update) {
+                            (void)self->engine_->EmitUpdate(update);
+                          },
+                      .now = env.now},
+      env.log);
+  daemon->dispatcher_->Register(
+      "inventory.refresh",
+      std::make_unique<InventoryRefreshHandler>(
+          env.inventory, [self](const bettercompute::common::v1::HardwareClaims& c) {
+            bettercompute::agent::v1::AgentFrame frame;
+            *frame.mutable_inventory() = c;
+            self->engine_->Send(frame);
+          }));
+  daemon->engine_->set_dispatcher(daemon->dispatcher_.get());
   if (QueryControl(dir.path() / "bcd.sock").ok()) {
     return absl::FailedPreconditionError(
         fmt::format("another bcd is already running on {}", dir.path().string()));
@@ -106,7 +128,9 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
   return daemon;
 }
 
-NodeDaemon::~NodeDaemon() = default;
+NodeDaemon::~NodeDaemon() {
+  dispatcher_.reset();  // its lanes report through the engine: stop them first
+}
 
 std::string NodeDaemon::StatusText() const {
   std::string text = StateDirStatusText(state_dir_, now_());
@@ -121,6 +145,7 @@ std::string NodeDaemon::StatusText() const {
 }
 
 absl::Status NodeDaemon::Run() {
+  dispatcher_->ReportInterrupted();
   renewer_->Start();
   absl::Status status = engine_->Run();
   renewer_->Stop();

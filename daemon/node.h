@@ -7,7 +7,9 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/config.h"
+#include "daemon/inventory.h"
 #include "daemon/log.h"
+#include "daemon/results.h"
 #include "daemon/session.h"
 #include "proto/kinds.h"
 #include "transport/grpc_transport.h"
@@ -15,6 +17,7 @@
 namespace bcd {
 
 struct NodeDaemonEnv {
+  InventorySources inventory;  // what inventory.refresh reads (root, architecture, runner)
   std::function<int64_t()> now;
   std::function<double()> uniform01;
   Logger* log = nullptr;
@@ -51,6 +54,8 @@ class NodeDaemon {
   std::unique_ptr<class Renewer> renewer_;
   std::unique_ptr<class ControlServer> control_;
   std::unique_ptr<Outbox> outbox_;
+  std::unique_ptr<ResultStore> results_;
+  std::unique_ptr<class Dispatcher> dispatcher_;
   std::filesystem::path state_dir_;
   std::function<int64_t()> now_;
 };

@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "daemon/backoff.h"
+#include "daemon/dispatcher.h"
 #include "proto/absl_compat.h"
 
 namespace bcd {
@@ -32,6 +33,21 @@ absl::Status SessionEngine::Emit(v1::Severity severity, std::string kind, std::s
   event->set_message(std::move(message));
   event->set_time_ms(static_cast<uint64_t>(options_.now()) * 1000);
   for (auto& [key, value] : attributes) (*event->mutable_attributes())[key] = value;
+  return Enqueue(std::move(frame));
+}
+
+absl::Status SessionEngine::EmitUpdate(const v1::CommandUpdate& update) {
+  v1::AgentFrame frame;
+  *frame.mutable_command_update() = update;
+  return Enqueue(std::move(frame));
+}
+
+void SessionEngine::Send(const v1::AgentFrame& frame) {
+  std::lock_guard<std::mutex> lock(outbox_mu_);
+  if (live_ != nullptr) live_->Write(frame);
+}
+
+absl::Status SessionEngine::Enqueue(v1::AgentFrame frame) {
   std::lock_guard<std::mutex> lock(outbox_mu_);
   absl::StatusOr<v1::AgentFrame> stored = outbox_->Append(std::move(frame));
   if (!stored.ok()) {
@@ -127,9 +143,23 @@ bool SessionEngine::ApplyTrust(const v1::SignedTrustBundle& bundle) {
 }
 
 bool SessionEngine::Handle(const v1::ServerFrame& frame) {
+  auto unhandled = [&] {
+    // Desired state, secrets and tunnels arrive with their own work.
+    std::lock_guard<std::mutex> lock(mu_);
+    ++snapshot_.unhandled_frames;
+    return false;
+  };
   switch (frame.frame_case()) {
     case v1::ServerFrame::kTrust:
       return ApplyTrust(frame.trust());
+    case v1::ServerFrame::kCommand:
+      if (dispatcher_ == nullptr) return unhandled();
+      dispatcher_->Submit(frame.command(), trust_, Snapshot().upgrade_required);
+      return false;
+    case v1::ServerFrame::kCancelCommand:
+      if (dispatcher_ == nullptr) return unhandled();
+      dispatcher_->Cancel(frame.cancel_command().command_id(), frame.cancel_command().reason());
+      return false;
     case v1::ServerFrame::kAck: {
       std::lock_guard<std::mutex> lock(outbox_mu_);
       if (absl::Status s = outbox_->Ack(frame.ack().up_to_seq()); !s.ok()) {
@@ -146,12 +176,8 @@ bool SessionEngine::Handle(const v1::ServerFrame& frame) {
       ++snapshot_.unknown_frames;
       return false;
     }
-    default: {
-      // Commands, desired state, acks, secrets and tunnels arrive with their own work.
-      std::lock_guard<std::mutex> lock(mu_);
-      ++snapshot_.unhandled_frames;
-      return false;
-    }
+    default:
+      return unhandled();
   }
 }
 

@@ -64,6 +64,14 @@ class SessionEngine {
   // could not be persisted (the outbox is full or the disk failed).
   absl::Status Emit(bettercompute::agent::v1::Severity severity, std::string kind,
                     std::string message, std::map<std::string, std::string> attributes = {});
+  // A command update, through the outbox like an event. Thread-safe.
+  absl::Status EmitUpdate(const bettercompute::agent::v1::CommandUpdate& update);
+  // A frame outside the outbox (inventory, ...): sent now when connected, else dropped.
+  // Thread-safe.
+  void Send(const bettercompute::agent::v1::AgentFrame& frame);
+  // Where commands and cancels go; without one, command frames are counted as unhandled. Set
+  // before Run.
+  void set_dispatcher(class Dispatcher* dispatcher) { dispatcher_ = dispatcher; }
   ~SessionEngine();
 
   // Runs until Stop() (OK) or a refusal that needs a person (FailedPrecondition, naming it).
@@ -85,6 +93,8 @@ class SessionEngine {
   bettercompute::agent::v1::AgentFrame Status() const;
   void SetState(std::string state, std::string error = "");
 
+  absl::Status Enqueue(bettercompute::agent::v1::AgentFrame frame);
+  class Dispatcher* dispatcher_ = nullptr;
   transport::Transport* transport_;
   pki::TrustState trust_;  // owned by the Run thread
   pki::PublicKey join_service_key_;

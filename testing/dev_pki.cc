@@ -19,6 +19,15 @@ absl::StatusOr<DevPki> DevPki::Create(int64_t now) {
   absl::StatusOr<pki::Certificate> node_ca = ca("bcd dev node CA", pki.node_ca_key_);
   if (!node_ca.ok()) return node_ca.status();
   pki.node_ca_ = *node_ca;
+  absl::StatusOr<pki::Certificate> signing_root =
+      ca("bcd dev command-signing root", pki.signing_root_key_);
+  if (!signing_root.ok()) return signing_root.status();
+  pki.signing_root_ = *signing_root;
+  absl::StatusOr<pki::Certificate> worker = pki::IssueCertificate(
+      {.common_name = "dev worker", .not_before = now - 3600, .not_after = now + kYear},
+      pki.worker_key_.Public(), pki.signing_root_key_, &*pki.signing_root_);
+  if (!worker.ok()) return worker.status();
+  pki.worker_ = *worker;
   absl::StatusOr<pki::Certificate> leaf =
       pki::IssueCertificate({.common_name = kGatewayName,
                              .dns_sans = {kGatewayName, "localhost"},
@@ -46,11 +55,24 @@ absl::StatusOr<pki::Certificate> DevPki::IssueNode(const pki::PublicKey& subject
       subject, node_ca_key_, &*node_ca_);
 }
 
+bettercompute::agent::v1::SignedCommand DevPki::SignCommand(
+    const bettercompute::agent::v1::Command& command, bool sign) const {
+  bettercompute::agent::v1::SignedCommand out;
+  out.set_body(command.SerializeAsString());
+  if (sign) {
+    *out.mutable_signature() =
+        *pki::Sign(proto::BodySigningInput(proto::Purpose::kCommand, out.body()), worker_key_,
+                   "dev-worker", {worker_->Der()});
+  }
+  return out;
+}
+
 bettercompute::agent::v1::SignedTrustBundle DevPki::SignedBundle(uint64_t version) const {
   bettercompute::agent::v1::TrustBundle bundle;
   bundle.set_trust_domain(kTrustDomain);
   bundle.set_version(version);
   bundle.add_node_ca(node_ca_->Der());
+  bundle.add_command_signing_roots(signing_root_->Der());
   bettercompute::agent::v1::SignedTrustBundle signed_bundle;
   signed_bundle.set_body(bundle.SerializeAsString());
   *signed_bundle.mutable_signature() =

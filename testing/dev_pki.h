@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "bettercompute/agent/v1/commands.pb.h"
 #include "bettercompute/agent/v1/trust.pb.h"
 #include "pki/issue.h"
 #include "pki/keys.h"
@@ -40,7 +41,14 @@ class DevPki {
                                              const std::string& node_id, uint64_t generation,
                                              int64_t now, int64_t lifetime) const;
 
-  // The trust bundle of this PKI at `version`, signed by the JoinService key.
+  // A command for `node_id`, signed by the worker key with its chain (or unsigned).
+  bettercompute::agent::v1::SignedCommand SignCommand(
+      const bettercompute::agent::v1::Command& command, bool sign = true) const;
+  const pki::PrivateKey& worker_key() const { return worker_key_; }
+  const pki::Certificate& signing_root() const { return *signing_root_; }
+
+  // The trust bundle of this PKI at `version`, signed by the JoinService key; with the
+  // command-signing root, so command signing is on.
   bettercompute::agent::v1::SignedTrustBundle SignedBundle(uint64_t version) const;
 
  private:
@@ -49,7 +57,9 @@ class DevPki {
   pki::PrivateKey serving_key_ = *pki::PrivateKey::Generate();
   pki::PrivateKey node_ca_key_ = *pki::PrivateKey::Generate();
   pki::PrivateKey join_key_ = *pki::PrivateKey::Generate();
-  std::optional<pki::Certificate> serving_ca_, serving_leaf_, node_ca_;
+  pki::PrivateKey signing_root_key_ = *pki::PrivateKey::Generate();
+  pki::PrivateKey worker_key_ = *pki::PrivateKey::Generate();
+  std::optional<pki::Certificate> serving_ca_, serving_leaf_, node_ca_, signing_root_, worker_;
 };
 
 }  // namespace bcd::testing

@@ -1,0 +1,314 @@
+#include "daemon/dispatcher.h"
+
+#include "fmt/format.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
+#include "pki/envelope.h"
+#include "proto/absl_compat.h"
+#include "proto/frame_codec.h"
+#include "proto/signing_input.h"
+
+namespace bcd {
+
+namespace v1 = bettercompute::agent::v1;
+using Clock = std::chrono::steady_clock;
+
+struct Dispatcher::Job {
+  v1::Command command;
+  std::string body;
+  const proto::KindSpec* kind = nullptr;
+  std::unique_ptr<google::protobuf::Message> payload;
+  std::atomic<bool> stop{false};
+  bool running = false;        // guarded by mu_
+  bool timed_out = false;      // guarded by mu_
+  std::string cancel_reason;   // guarded by mu_; set when cancelled
+  Clock::time_point deadline;  // guarded by mu_; set when it starts running
+};
+
+struct Dispatcher::Lane {
+  std::deque<std::shared_ptr<Job>> queue;  // guarded by mu_
+  std::thread thread;
+};
+
+Dispatcher::Dispatcher(proto::Mode mode, std::string node_id, ResultStore* results,
+                       DispatcherHooks hooks, Logger* log)
+    : mode_(mode),
+      node_id_(std::move(node_id)),
+      hooks_(std::move(hooks)),
+      log_(log),
+      results_(results) {
+  watchdog_ = std::thread([this] { Watch(); });
+}
+
+Dispatcher::~Dispatcher() {
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    for (auto& [id, job] : active_) job->stop = true;
+    for (auto& [lane, state] : lanes_) threads.push_back(std::move(state->thread));
+  }
+  cv_.notify_all();
+  for (std::thread& t : threads) t.join();
+  watchdog_.join();
+}
+
+void Dispatcher::Register(const std::string& kind, std::unique_ptr<CommandHandler> handler) {
+  handlers_[kind] = std::move(handler);
+}
+
+v1::CommandUpdate Dispatcher::Update(const std::string& id, v1::CommandState state) const {
+  v1::CommandUpdate update;
+  update.set_command_id(id);
+  update.set_state(state);
+  update.set_time_ms(static_cast<uint64_t>(hooks_.now()) * 1000);
+  return update;
+}
+
+void Dispatcher::Reject(const std::string& id, v1::CommandCode code, const std::string& message) {
+  v1::CommandUpdate update = Update(id, v1::COMMAND_STATE_REJECTED);
+  update.set_code(code);
+  update.set_message(message);
+  log_->Warn("command.rejected",
+             {{"command_id", id}, {"code", v1::CommandCode_Name(code)}, {"message", message}});
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    (void)results_->Remember(update, hooks_.now());
+  }
+  hooks_.update(update);
+}
+
+void Dispatcher::ReportInterrupted() {
+  std::map<std::string, std::string> interrupted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    interrupted = results_->running();
+  }
+  for (const auto& [id, kind] : interrupted) {
+    const proto::KindSpec* spec = proto::FindKind(kind);
+    if (spec != nullptr && spec->Has(proto::kIdempotent))
+      continue;  // may run again when redelivered
+    v1::CommandUpdate update = Update(id, v1::COMMAND_STATE_FAILED);
+    update.set_code(v1::COMMAND_CODE_INTERRUPTED);
+    update.set_message("bcd restarted while the command ran");
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      (void)results_->Remember(update, hooks_.now());
+    }
+    hooks_.update(update);
+  }
+}
+
+void Dispatcher::Submit(const v1::SignedCommand& signed_command, const pki::TrustState& trust,
+                        bool upgrade_required) {
+  auto job = std::make_shared<Job>();
+  if (absl::Status s = proto::DecodeMessage(signed_command.body(), &job->command); !s.ok()) {
+    log_->Warn("command.undecodable", {{"error", std::string(ToStd(s.message()))}});
+    return;  // no command id to answer
+  }
+  const v1::Command& command = job->command;
+  const std::string& id = command.command_id();
+  if (id.empty()) {
+    log_->Warn("command.undecodable", {{"error", "no command_id"}});
+    return;
+  }
+  std::optional<v1::CommandUpdate> done;
+  bool in_hand = false, same = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done = results_->Terminal(id);
+    if (auto it = active_.find(id); it != active_.end()) {
+      in_hand = true;
+      same = it->second->body == signed_command.body();
+    }
+  }
+  if (done) {
+    log_->Info("command.redelivered", {{"command_id", id}});
+    hooks_.update(*done);  // answered from memory: it never runs twice
+    return;
+  }
+  if (in_hand && same) return;  // a redelivery of what is queued or running
+  if (in_hand)
+    return Reject(id, v1::COMMAND_CODE_DUPLICATE, "a different command with this id is in hand");
+  if (command.node_id() != node_id_) {
+    return Reject(
+        id, v1::COMMAND_CODE_WRONG_NODE,
+        fmt::format("the command is for node \"{}\", this is \"{}\"", command.node_id(), node_id_));
+  }
+  int64_t now = hooks_.now();
+  if (command.expires_at() != 0 && static_cast<int64_t>(command.expires_at()) < now) {
+    return Reject(id, v1::COMMAND_CODE_EXPIRED,
+                  fmt::format("the command expired at {} (now {})", command.expires_at(), now));
+  }
+  const proto::KindSpec* kind = proto::FindKind(command.kind());
+  bool signing_on = !trust.command_signing_roots().empty();
+  bool has_signature = !signed_command.signature().sig().empty();
+  std::string input = proto::BodySigningInput(proto::Purpose::kCommand, signed_command.body());
+  if (has_signature && signing_on) {
+    if (absl::Status s = pki::VerifyWithChain(input, signed_command.signature(),
+                                              trust.command_signing_roots(), now);
+        !s.ok()) {
+      return Reject(id, v1::COMMAND_CODE_BAD_SIGNATURE,
+                    fmt::format("signature: {}", ToStd(s.message())));
+    }
+  } else if (signing_on && kind != nullptr && kind->Has(proto::kSigned)) {
+    return Reject(id, v1::COMMAND_CODE_UNSIGNED,
+                  fmt::format("{} commands must be signed", command.kind()));
+  }
+  if (kind != nullptr && kind->Has(proto::kQuorum)) {
+    absl::Status approved =
+        pki::CheckApprovals(signed_command.body(), command, signed_command.approvals(),
+                            signed_command.batch_manifest(), node_id_, trust.approvers());
+    if (!approved.ok()) {
+      v1::CommandCode code =
+          approved.code() == absl::StatusCode::kUnauthenticated   ? v1::COMMAND_CODE_BAD_SIGNATURE
+          : approved.code() == absl::StatusCode::kInvalidArgument ? v1::COMMAND_CODE_INVALID_PAYLOAD
+                                                                  : v1::COMMAND_CODE_QUORUM;
+      return Reject(id, code, std::string(ToStd(approved.message())));
+    }
+    if (command.batch_id().empty() && !trust.approvers().empty()) {
+      absl::Status limited;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        limited = hourly_.Take(now, trust.approvers().unbatched_destructive_per_hour());
+      }
+      if (!limited.ok())
+        return Reject(id, v1::COMMAND_CODE_RATE_LIMITED, std::string(ToStd(limited.message())));
+    }
+  }
+  if (kind == nullptr || !kind->RunsIn(mode_) || !handlers_.contains(command.kind())) {
+    return Reject(id, v1::COMMAND_CODE_UNSUPPORTED,
+                  fmt::format("kind \"{}\" is not supported by this {} daemon", command.kind(),
+                              proto::ModeName(mode_)));
+  }
+  if (upgrade_required && !kind->Has(proto::kUpgradeOk)) {
+    return Reject(id, v1::COMMAND_CODE_UNSUPPORTED,
+                  "the gateway requires an upgrade: only daemon.upgrade runs until then");
+  }
+  const google::protobuf::Descriptor* type =
+      google::protobuf::DescriptorPool::generated_pool()->FindMessageTypeByName(
+          std::string(kind->payload_type));
+  job->payload.reset(
+      google::protobuf::MessageFactory::generated_factory()->GetPrototype(type)->New());
+  if (absl::Status s = proto::DecodeMessage(command.payload(), job->payload.get()); !s.ok()) {
+    return Reject(id, v1::COMMAND_CODE_INVALID_PAYLOAD, std::string(ToStd(s.message())));
+  }
+  job->kind = kind;
+  job->body = signed_command.body();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    if (absl::Status s = results_->MarkRunning(id, command.kind()); !s.ok()) {
+      log_->Warn("command.not_recorded",
+                 {{"command_id", id}, {"error", std::string(ToStd(s.message()))}});
+    }
+    active_[id] = job;
+    std::unique_ptr<Lane>& lane = lanes_[kind->lane];
+    if (!lane) {
+      lane = std::make_unique<Lane>();
+      lane->thread = std::thread([this, l = lane.get()] { LaneLoop(l); });
+    }
+    lane->queue.push_back(job);
+  }
+  hooks_.update(Update(id, v1::COMMAND_STATE_ACCEPTED));
+  cv_.notify_all();
+}
+
+void Dispatcher::Cancel(const std::string& command_id, const std::string& reason) {
+  std::shared_ptr<Job> job;
+  bool queued = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = active_.find(command_id);
+    if (it == active_.end()) return;
+    job = it->second;
+    job->cancel_reason = reason.empty() ? "cancelled" : reason;
+    job->stop = true;
+    if (!job->running) {
+      queued = true;
+      auto& queue = lanes_[job->kind->lane]->queue;
+      std::erase(queue, job);
+    }
+  }
+  if (queued) {
+    v1::CommandUpdate update = Update(command_id, v1::COMMAND_STATE_CANCELLED);
+    update.set_message(job->cancel_reason);
+    Finish(*job, update);
+  }
+}
+
+void Dispatcher::Finish(Job& job, v1::CommandUpdate update) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    (void)results_->Remember(update, hooks_.now());
+    active_.erase(job.command.command_id());
+  }
+  log_->Info("command.done", {{"command_id", job.command.command_id()},
+                              {"state", v1::CommandState_Name(update.state())}});
+  hooks_.update(update);
+}
+
+void Dispatcher::LaneLoop(Lane* lane) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stopping_ || !lane->queue.empty(); });
+    if (stopping_) return;
+    std::shared_ptr<Job> job = lane->queue.front();
+    lane->queue.pop_front();
+    job->running = true;
+    auto timeout = job->kind->Has(proto::kTimeoutFromPayload) || job->command.timeout_seconds() != 0
+                       ? std::chrono::seconds(job->command.timeout_seconds())
+                       : std::chrono::duration_cast<std::chrono::seconds>(job->kind->timeout);
+    job->deadline = Clock::now() + (timeout.count() > 0 ? timeout : std::chrono::seconds(60));
+    lock.unlock();
+    cv_.notify_all();  // the watchdog learns the new deadline
+    hooks_.update(Update(job->command.command_id(), v1::COMMAND_STATE_RUNNING));
+    absl::StatusOr<std::string> result =
+        handlers_.at(job->command.kind())->Run(job->command, *job->payload, job->stop);
+    lock.lock();
+    bool timed_out = job->timed_out;
+    std::string cancelled = job->cancel_reason;
+    lock.unlock();
+    v1::CommandUpdate update;
+    if (timed_out) {
+      update = Update(job->command.command_id(), v1::COMMAND_STATE_TIMED_OUT);
+      update.set_message("the command ran past its timeout");
+    } else if (!cancelled.empty()) {
+      update = Update(job->command.command_id(), v1::COMMAND_STATE_CANCELLED);
+      update.set_message(cancelled);
+    } else if (!result.ok()) {
+      update = Update(job->command.command_id(), v1::COMMAND_STATE_FAILED);
+      update.set_code(v1::COMMAND_CODE_HANDLER_FAILED);
+      update.set_message(std::string(ToStd(result.status().message())));
+    } else {
+      update = Update(job->command.command_id(), v1::COMMAND_STATE_SUCCEEDED);
+      update.set_result(*result);
+    }
+    Finish(*job, update);
+    lock.lock();
+  }
+}
+
+void Dispatcher::Watch() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    Clock::time_point next = Clock::time_point::max();
+    Clock::time_point now = Clock::now();
+    for (auto& [id, job] : active_) {
+      if (!job->running || job->timed_out) continue;
+      if (job->deadline <= now) {
+        job->timed_out = true;
+        job->stop = true;
+      } else {
+        next = std::min(next, job->deadline);
+      }
+    }
+    if (next == Clock::time_point::max()) {
+      cv_.wait(lock);
+    } else {
+      cv_.wait_until(lock, next);
+    }
+  }
+}
+
+}  // namespace bcd

@@ -1,0 +1,91 @@
+#pragma once
+
+// The dispatcher: every command goes through one pipeline driven by the kind table (proto/kinds.h).
+//
+//   decode -> already finished? (answer the stored result) -> node -> expiry -> signature (kinds
+//   flagged signed, when the trust bundle has command-signing roots) -> quorum and hourly limit
+//   (kinds flagged quorum) -> kind known to this mode, allowed now -> payload decodes -> ACCEPTED
+//
+// Each refusal is a REJECTED update with its code and a readable message. Accepted commands queue
+// in their lane; each lane runs one command at a time on its own thread, and a command's timeout
+// starts when it runs. Handlers never see the transport.
+//
+// Thread-safe: Submit and Cancel come from the session thread, updates leave through `hooks.update`
+// from lane threads.
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "bettercompute/agent/v1/commands.pb.h"
+#include "daemon/log.h"
+#include "daemon/results.h"
+#include "pki/approvals.h"
+#include "pki/trust.h"
+#include "proto/kinds.h"
+
+namespace bcd {
+
+class CommandHandler {
+ public:
+  virtual ~CommandHandler() = default;
+  // Runs the command and returns the bytes of its kind's result message. `stop` turns true on
+  // cancel or timeout; a handler checks it and returns soon after. Runs on its lane's thread.
+  virtual absl::StatusOr<std::string> Run(const bettercompute::agent::v1::Command& command,
+                                          const google::protobuf::Message& payload,
+                                          const std::atomic<bool>& stop) = 0;
+};
+
+struct DispatcherHooks {
+  std::function<void(const bettercompute::agent::v1::CommandUpdate&)> update;  // into the outbox
+  std::function<int64_t()> now;
+};
+
+class Dispatcher {
+ public:
+  Dispatcher(proto::Mode mode, std::string node_id, ResultStore* results, DispatcherHooks hooks,
+             Logger* log);
+  ~Dispatcher();
+
+  void Register(const std::string& kind, std::unique_ptr<CommandHandler> handler);
+  // Reports every command a previous run left running as FAILED (interrupted), unless its kind is
+  // idempotent; those run again when redelivered.
+  void ReportInterrupted();
+  void Submit(const bettercompute::agent::v1::SignedCommand& signed_command,
+              const pki::TrustState& trust, bool upgrade_required);
+  void Cancel(const std::string& command_id, const std::string& reason);
+
+ private:
+  struct Job;
+  struct Lane;
+  void Reject(const std::string& id, bettercompute::agent::v1::CommandCode code,
+              const std::string& message);
+  void Finish(Job& job, bettercompute::agent::v1::CommandUpdate update);
+  void LaneLoop(Lane* lane);
+  void Watch();  // sets `stop` on commands past their deadline
+  bettercompute::agent::v1::CommandUpdate Update(
+      const std::string& id, bettercompute::agent::v1::CommandState state) const;
+
+  proto::Mode mode_;
+  std::string node_id_;
+  DispatcherHooks hooks_;
+  Logger* log_;
+  std::map<std::string, std::unique_ptr<CommandHandler>> handlers_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  ResultStore* results_;                                // guarded by mu_
+  pki::HourlyLimit hourly_;                             // guarded by mu_
+  std::map<proto::Lane, std::unique_ptr<Lane>> lanes_;  // guarded by mu_
+  std::map<std::string, std::shared_ptr<Job>> active_;  // queued or running, by id; guarded by mu_
+  bool stopping_ = false;                               // guarded by mu_
+  std::thread watchdog_;
+};
+
+}  // namespace bcd
