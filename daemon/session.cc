@@ -131,7 +131,10 @@ bool SessionEngine::ApplyTrust(const v1::SignedTrustBundle& bundle) {
     log_->Warn("trust.approver_set_refused", {{"reason", update->approver_set_refusal}});
     (void)Emit(v1::SEVERITY_WARNING, "trust.approver_set_refused", update->approver_set_refusal);
   }
-  if (options_.on_trust) options_.on_trust(bundle);
+  // A bundle whose approver-set change was refused is applied but not persisted: after a restart
+  // the daemon loads the last persisted bundle and its set, and a newer bundle must come again and
+  // pass the approver-set rule again. Persisting it would hand its set over at the next start.
+  if (options_.on_trust && update->approver_set_refusal.empty()) options_.on_trust(bundle);
   {
     std::lock_guard<std::mutex> lock(mu_);
     snapshot_.trust_version = trust_.version();
