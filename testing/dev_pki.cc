@@ -82,3 +82,28 @@ bettercompute::agent::v1::SignedTrustBundle DevPki::SignedBundle(uint64_t versio
 }
 
 }  // namespace bcd::testing
+
+namespace bcd::testing {
+
+bettercompute::agent::v1::SignedTrustBundle DevPki::SignedBundleWithApprovers(
+    uint64_t version, const std::vector<pki::PrivateKey>& approvers, uint32_t threshold,
+    uint64_t epoch, uint32_t unbatched_per_hour) const {
+  bettercompute::agent::v1::TrustBundle bundle;
+  bundle.ParseFromString(SignedBundle(version).body());
+  for (std::size_t i = 0; i < approvers.size(); ++i) {
+    auto* key = bundle.add_approver_keys();
+    key->set_kid("a" + std::to_string(i));
+    key->set_spki(approvers[i].Public().SpkiDer());
+  }
+  bundle.set_approver_threshold(threshold);
+  bundle.set_approver_set_epoch(epoch);
+  bundle.set_unbatched_destructive_per_hour(unbatched_per_hour);
+  bettercompute::agent::v1::SignedTrustBundle signed_bundle;
+  signed_bundle.set_body(bundle.SerializeAsString());
+  *signed_bundle.mutable_signature() =
+      *pki::Sign(proto::BodySigningInput(proto::Purpose::kTrustBundle, signed_bundle.body()),
+                 join_key_, "join");
+  return signed_bundle;
+}
+
+}  // namespace bcd::testing

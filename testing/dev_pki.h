@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "bettercompute/agent/v1/commands.pb.h"
@@ -50,6 +51,10 @@ class DevPki {
   // The trust bundle of this PKI at `version`, signed by the JoinService key; with the
   // command-signing root, so command signing is on.
   bettercompute::agent::v1::SignedTrustBundle SignedBundle(uint64_t version) const;
+  // The same bundle with an approver set: `approvers` as kids a0, a1, ... at `epoch`.
+  bettercompute::agent::v1::SignedTrustBundle SignedBundleWithApprovers(
+      uint64_t version, const std::vector<pki::PrivateKey>& approvers, uint32_t threshold,
+      uint64_t epoch, uint32_t unbatched_per_hour = 0) const;
 
  private:
   DevPki() = default;

@@ -419,27 +419,6 @@ TEST_F(Session, AnEventNotAckedBeforeAGatewayRestartIsSentAgainAndThenNeverTwice
 namespace bcd {
 namespace {
 
-// A bundle of the dev PKI at `version` with approver keys `keys` at `epoch` (threshold 1).
-v1::SignedTrustBundle BundleWithApprovers(const DevPki& pki, uint64_t version,
-                                          const std::vector<pki::PrivateKey>& keys,
-                                          uint64_t epoch) {
-  v1::TrustBundle bundle;
-  bundle.ParseFromString(pki.SignedBundle(version).body());
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    auto* key = bundle.add_approver_keys();
-    key->set_kid("a" + std::to_string(i));
-    key->set_spki(keys[i].Public().SpkiDer());
-  }
-  bundle.set_approver_threshold(1);
-  bundle.set_approver_set_epoch(epoch);
-  v1::SignedTrustBundle out;
-  out.set_body(bundle.SerializeAsString());
-  *out.mutable_signature() =
-      *pki::Sign(proto::BodySigningInput(proto::Purpose::kTrustBundle, out.body()),
-                 pki.join_service_key(), "join");
-  return out;
-}
-
 TEST_F(Session, ABundleWhoseApproverSetWasRefusedIsNotPersisted) {
   StartDaemon(JoinAs("n-1"));
   ASSERT_TRUE(gateway_->WaitForReceived("n-1", 1, kWait));
@@ -447,9 +426,10 @@ TEST_F(Session, ABundleWhoseApproverSetWasRefusedIsNotPersisted) {
   std::vector<pki::PrivateKey> takeover = {*pki::PrivateKey::Generate(),
                                            *pki::PrivateKey::Generate()};
   v1::ServerFrame frame;
-  *frame.mutable_trust() = BundleWithApprovers(pki_, 2, first, 1);  // the first set: taken
+  *frame.mutable_trust() = pki_.SignedBundleWithApprovers(2, first, 1, 1);  // the first set: taken
   ASSERT_TRUE(gateway_->Push("n-1", frame));
-  *frame.mutable_trust() = BundleWithApprovers(pki_, 3, takeover, 2);  // not signed by the held set
+  *frame.mutable_trust() =
+      pki_.SignedBundleWithApprovers(3, takeover, 1, 2);  // not signed by the held set
   ASSERT_TRUE(gateway_->Push("n-1", frame));
   ASSERT_TRUE(
       daemon_->WaitUntil([](const SessionSnapshot& s) { return s.trust_version == 3; }, kWait));

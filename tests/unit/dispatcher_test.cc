@@ -157,31 +157,13 @@ TEST_F(DispatcherTest, UpgradeRequiredRefusesEverythingButDaemonUpgrade) {
             "the gateway requires an upgrade: only daemon.upgrade runs until then");
 }
 
-// A trust state with an approver set of `keys` (threshold 2, `per_hour` unbatched per hour).
-pki::TrustState WithApprovers(const DevPki& pki, const std::vector<pki::PrivateKey>& keys,
-                              uint32_t per_hour) {
-  v1::TrustBundle bundle;
-  bundle.ParseFromString(pki.SignedBundle(1).body());
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    auto* key = bundle.add_approver_keys();
-    key->set_kid("a" + std::to_string(i));
-    key->set_spki(keys[i].Public().SpkiDer());
-  }
-  bundle.set_approver_threshold(2);
-  bundle.set_approver_set_epoch(1);
-  bundle.set_unbatched_destructive_per_hour(per_hour);
-  v1::SignedTrustBundle signed_bundle;
-  signed_bundle.set_body(bundle.SerializeAsString());
-  *signed_bundle.mutable_signature() =
-      *pki::Sign(proto::BodySigningInput(proto::Purpose::kTrustBundle, signed_bundle.body()),
-                 pki.join_service_key(), "join");
-  return *pki::TrustState::FromFirstBundle(signed_bundle, pki.join_service_key().Public());
-}
-
 TEST_F(DispatcherTest, ADestructiveKindNeedsItsQuorumAndKeepsToTheHourlyLimit) {
   std::vector<pki::PrivateKey> approvers = {*pki::PrivateKey::Generate(),
                                             *pki::PrivateKey::Generate()};
-  pki::TrustState trust = WithApprovers(pki_, approvers, 1);
+  pki::TrustState trust = *pki::TrustState::FromFirstBundle(
+      pki_.SignedBundleWithApprovers(1, approvers, /*threshold=*/2, /*epoch=*/1,
+                                     /*unbatched_per_hour=*/1),
+      pki_.join_service_key().Public());
   auto approve = [&](v1::SignedCommand command, int count) {
     for (int i = 0; i < count; ++i) {
       *command.add_approvals() = *pki::Sign(proto::ApproveSigningInput(pki::Sha256(command.body())),
