@@ -60,11 +60,7 @@ absl::StatusOr<Certificate> IssueCertificate(const CertificateSpec& spec, const 
   if (X509_sign(cert.get(), issuer_key.get(), EVP_sha256()) <= 0) {
     return absl::InternalError("cannot sign the certificate: " + OpenSslError());
   }
-  unsigned char* der = nullptr;
-  int length = i2d_X509(cert.get(), &der);
-  std::string out(reinterpret_cast<char*>(der), static_cast<std::size_t>(std::max(length, 0)));
-  OPENSSL_free(der);
-  return Certificate::FromDer(out);
+  return Certificate::FromDer(CertificateDerOf(cert.get()));
 }
 
 }  // namespace bcd::pki

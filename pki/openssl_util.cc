@@ -19,6 +19,14 @@ BioPtr ReadBio(std::string_view data) {
   return BioPtr(BIO_new_mem_buf(data.data(), static_cast<int>(data.size())));
 }
 
+std::string CertificateDerOf(X509* cert) {
+  unsigned char* der = nullptr;
+  int length = i2d_X509(cert, &der);
+  std::string out(reinterpret_cast<char*>(der), static_cast<std::size_t>(std::max(length, 0)));
+  OPENSSL_free(der);
+  return out;
+}
+
 std::string SpkiDerOf(EVP_PKEY* key) {
   unsigned char* der = nullptr;
   int length = i2d_PUBKEY(key, &der);

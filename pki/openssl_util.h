@@ -55,6 +55,9 @@ std::string OpenSslError(const char* fallback = "unknown OpenSSL error");
 // A memory BIO reading `data` (which must outlive it).
 BioPtr ReadBio(std::string_view data);
 
+// The DER encoding of a certificate.
+std::string CertificateDerOf(X509* cert);
+
 // The SubjectPublicKeyInfo DER of a key's public half.
 std::string SpkiDerOf(EVP_PKEY* key);
 

@@ -16,14 +16,6 @@ int64_t ToUnix(const ASN1_TIME* time) {
   return static_cast<int64_t>(timegm(&tm));
 }
 
-std::string DerOf(X509* cert) {
-  unsigned char* der = nullptr;
-  int length = i2d_X509(cert, &der);
-  std::string out(reinterpret_cast<char*>(der), static_cast<std::size_t>(std::max(length, 0)));
-  OPENSSL_free(der);
-  return out;
-}
-
 // A trust domain: lowercase letters, digits, '.', '-' and '_' (SPIFFE ID spec §2.1).
 bool ValidTrustDomain(std::string_view td) {
   if (td.empty() || td.size() > 255) return false;
@@ -105,7 +97,7 @@ absl::StatusOr<std::vector<Certificate>> ParsePemChain(std::string_view pem) {
   while (true) {
     X509Ptr cert(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr));
     if (!cert) break;
-    std::string der = DerOf(cert.get());
+    std::string der = CertificateDerOf(cert.get());
     chain.push_back(*Certificate::FromDer(der));
   }
   OpenSslError();  // the end of the input leaves a "no start line" error

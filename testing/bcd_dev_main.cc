@@ -7,7 +7,6 @@
 // sees, until Ctrl-C or N seconds; then stops the node with SIGTERM and prints `bcd status`.
 
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,38 +18,16 @@
 #include <vector>
 
 #include "google/protobuf/util/json_util.h"
+#include "testing/child_process.h"
 #include "testing/dev_gateway.h"
 #include "transport/tls.h"
-
-extern "C" char** environ;
 
 namespace {
 
 using bcd::testing::DevGateway;
 using bcd::testing::DevPki;
-
-pid_t Spawn(const std::vector<std::string>& args) {
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  // The children get default signal handling whatever this process blocks.
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t none;
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
-  int rc = posix_spawn(&pid, args[0].c_str(), nullptr, &attr, argv.data(), environ);
-  posix_spawnattr_destroy(&attr);
-  return rc == 0 ? pid : -1;
-}
-
-int Wait(pid_t pid) {
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+using bcd::testing::SpawnChild;
+using bcd::testing::WaitChild;
 
 std::string Json(const google::protobuf::Message& message) {
   std::string json;
@@ -114,13 +91,13 @@ int main(int argc, char** argv) {
               protocol.c_str(), pki->ServingCaPinHex().c_str());
   std::printf("config: %s\n\n$ bcd join --token ... --config %s\n", config.c_str(), config.c_str());
   std::fflush(stdout);
-  int joined = Wait(
-      Spawn({bcd, "join", "--config", config, "--token", (*gateway)->AddJoinToken("dev-node-1")}));
+  int joined = WaitChild(SpawnChild(
+      {bcd, "join", "--config", config, "--token", (*gateway)->AddJoinToken("dev-node-1")}));
   if (joined != 0) return std::fprintf(stderr, "bcd-dev: bcd join exited %d\n", joined), 1;
 
   std::printf("\n$ bcd node --config %s\n", config.c_str());
   std::fflush(stdout);
-  pid_t node = Spawn({bcd, "node", "--config", config});
+  pid_t node = SpawnChild({bcd, "node", "--config", config});
   std::size_t shown = 0;
   bool welcomed = false;
   timespec tick{0, 200 * 1000 * 1000};
@@ -144,11 +121,11 @@ int main(int argc, char** argv) {
   }
   if (node > 0) {
     kill(node, SIGTERM);
-    std::printf("\nbcd node stopped with SIGTERM, exit %d\n", Wait(node));
+    std::printf("\nbcd node stopped with SIGTERM, exit %d\n", WaitChild(node));
   }
   std::printf("\n$ bcd status --config %s\n", config.c_str());
   std::fflush(stdout);
-  Wait(Spawn({bcd, "status", "--config", config}));
+  WaitChild(SpawnChild({bcd, "status", "--config", config}));
   std::printf("\nthe dev stack's files stay in %s\n", dir.c_str());
   return 0;
 }

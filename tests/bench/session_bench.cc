@@ -5,8 +5,6 @@
 //   build/tests/bench/session_bench [runs=9] [idle_seconds=60]
 
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,30 +18,16 @@
 #include <thread>
 #include <vector>
 
+#include "testing/child_process.h"
 #include "testing/dev_gateway.h"
-
-extern "C" char** environ;
 
 namespace {
 
 using bcd::testing::DevGateway;
 using bcd::testing::DevPki;
+using bcd::testing::SpawnChild;
+using bcd::testing::WaitChild;
 using Clock = std::chrono::steady_clock;
-
-pid_t Spawn(std::vector<std::string> args) {
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  posix_spawn(&pid, args[0].c_str(), nullptr, nullptr, argv.data(), environ);
-  return pid;
-}
-
-int Wait(pid_t pid) {
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -93,25 +77,25 @@ int main(int argc, char** argv) {
     std::string config = Config(dir, *gateway, pki, "state" + std::to_string(i));
     std::string token = gateway->AddJoinToken("bench-" + std::to_string(i));
     auto start = Clock::now();
-    if (Wait(Spawn({bcd, "join", "--config", config, "--token", token})) != 0) return 1;
+    if (WaitChild(SpawnChild({bcd, "join", "--config", config, "--token", token})) != 0) return 1;
     joins.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
     node_config = config;
   }
   for (int i = 0; i < runs; ++i) {
     auto start = Clock::now();
-    pid_t pid = Spawn({bcd, "node", "--config", node_config});
+    pid_t pid = SpawnChild({bcd, "node", "--config", node_config});
     if (!gateway->WaitForWelcomes(i + 1, std::chrono::seconds(30))) return 1;
     starts.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
     kill(pid, SIGTERM);
-    Wait(pid);
+    WaitChild(pid);
   }
-  pid_t pid = Spawn({bcd, "node", "--config", node_config});
+  pid_t pid = SpawnChild({bcd, "node", "--config", node_config});
   gateway->WaitForWelcomes(runs + 1, std::chrono::seconds(30));
   auto [rss_start, ticks_start] = Usage(pid);
   std::this_thread::sleep_for(std::chrono::seconds(idle));
   auto [rss, ticks] = Usage(pid);
   kill(pid, SIGTERM);
-  Wait(pid);
+  WaitChild(pid);
   double cpu = 100.0 * static_cast<double>(ticks - ticks_start) / sysconf(_SC_CLK_TCK) / idle;
   std::printf("runs %d, dev gateway on loopback, bcd %s\n", runs, bcd.c_str());
   std::printf("bcd join (key, CSR, Join, persist), median   %7.1f ms\n", Median(joins));

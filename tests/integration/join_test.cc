@@ -3,10 +3,8 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <sstream>
@@ -16,10 +14,9 @@
 #include "daemon/identity.h"
 #include "gtest/gtest.h"
 #include "pki/keys.h"
+#include "testing/child_process.h"
 #include "testing/dev_gateway.h"
 #include "tests/unit/fake_root.h"
-
-extern "C" char** environ;
 
 namespace bcd {
 namespace {
@@ -176,15 +173,9 @@ class OpensslServer {
       : port_(FreePort()) {
     dir.Write("s_server.key", pki.serving_key().ToPem());
     dir.Write("s_server.pem", pki.ServingChainPem());
-    std::vector<std::string> args = {"openssl", "s_server",
-                                     version,   "-quiet",
-                                     "-accept", std::to_string(port_),
-                                     "-key",    (dir.path() / "s_server.key").string(),
-                                     "-cert",   (dir.path() / "s_server.pem").string()};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawnp(&pid_, "openssl", nullptr, nullptr, argv.data(), environ);
+    pid_ = bcd::testing::SpawnChild(
+        {"openssl", "s_server", version, "-quiet", "-accept", std::to_string(port_), "-key",
+         (dir.path() / "s_server.key").string(), "-cert", (dir.path() / "s_server.pem").string()});
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (!Accepts(port_) && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -192,7 +183,7 @@ class OpensslServer {
   }
   ~OpensslServer() {
     kill(pid_, SIGTERM);
-    waitpid(pid_, nullptr, 0);
+    bcd::testing::WaitChild(pid_);
   }
   int port() const { return port_; }
 

@@ -3,9 +3,7 @@
 // binary under SIGTERM.
 
 #include <signal.h>
-#include <spawn.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 
 #include <sstream>
 #include <thread>
@@ -19,10 +17,9 @@
 #include "pki/keys.h"
 #include "proto/frame_codec.h"
 #include "proto/signing_input.h"
+#include "testing/child_process.h"
 #include "testing/dev_gateway.h"
 #include "tests/unit/fake_root.h"
-
-extern "C" char** environ;
 
 namespace bcd {
 namespace {
@@ -228,19 +225,12 @@ TEST_F(Session, AnExpiredCertificateSaysHowToRejoin) {
 TEST_F(Session, TheBcdBinaryRunsUntilSigtermAndEndsCleanly) {
   JoinAs("n-1");
   dir_.Write("config.toml", ConfigText("state"));
-  std::vector<std::string> args = {BCD_BINARY, "node", "--config",
-                                   (dir_.path() / "config.toml").string()};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  ASSERT_EQ(posix_spawn(&pid, BCD_BINARY, nullptr, nullptr, argv.data(), environ), 0);
+  pid_t pid = bcd::testing::SpawnChild(
+      {BCD_BINARY, "node", "--config", (dir_.path() / "config.toml").string()});
+  ASSERT_GT(pid, 0);
   ASSERT_TRUE(gateway_->WaitForWelcomes(1, kWait));
   kill(pid, SIGTERM);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(bcd::testing::WaitChild(pid), 0);
   ASSERT_TRUE(gateway_->WaitForNoSession("n-1", kWait));
   EXPECT_EQ(gateway_->clean_ends(), 1);
 }

@@ -1,0 +1,18 @@
+#pragma once
+
+// Child processes for the dev stack, its tools and tests: started in the background with default
+// signal handling (whatever the parent blocks), waited for by pid.
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace bcd::testing {
+
+// Starts argv (argv[0] looked up on PATH); -1 when it cannot start.
+pid_t SpawnChild(const std::vector<std::string>& argv);
+// Waits for the child: its exit status, or 128 + the signal that ended it.
+int WaitChild(pid_t pid);
+
+}  // namespace bcd::testing
