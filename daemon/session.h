@@ -48,7 +48,7 @@ struct SessionSnapshot {
   std::string last_error;
   int welcomes = 0;
   int unknown_frames = 0;    // frame cases this build does not know: ignored
-  int unhandled_frames = 0;  // known cases this build does not act on yet (commands, specs ...)
+  int unhandled_frames = 0;  // known cases this build does not act on yet (specs, secrets, tunnels)
   std::size_t outbox_pending = 0;
   uint64_t last_acked_seq = 0;
 };

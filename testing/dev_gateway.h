@@ -1,11 +1,12 @@
 #pragma once
 
 // The dev gateway: a real AgentGateway on loopback, over TLS 1.3 with the dev PKI, for bcd's tests
-// and for anyone trying bcd. Today it serves Join (single-use expiring tokens, deferral on demand);
-// Session reads the node id from the client certificate only, answers Hello with Welcome, and lets
-// tests push frames, refuse sessions and drop them. Renew and Tunnel answer UNIMPLEMENTED until
-// their work lands. Renew checks that the chain is the caller's TLS identity, the proof of
-// possession, the timestamp (within 60 s) and the nonce (never seen before).
+// and for anyone trying bcd. Join takes single-use expiring tokens and provisioning credentials
+// (deferral on demand). Renew checks that the chain is the caller's TLS identity, the proof of
+// possession, the timestamp (within 60 s) and the nonce (never seen before). Session reads the node
+// id from the client certificate only, answers Hello with Welcome, acks command updates and events
+// (or withholds acks), and lets tests push frames, refuse sessions and drop them. Tunnel answers
+// UNIMPLEMENTED until its work lands.
 //
 // Thread-safe: tests call it from their own thread while gRPC threads serve.
 
