@@ -71,10 +71,19 @@ void Dispatcher::Reject(const std::string& id, v1::CommandCode code, const std::
   update.set_message(message);
   log_->Warn("command.rejected",
              {{"command_id", id}, {"code", v1::CommandCode_Name(code)}, {"message", message}});
-  {
+  Conclude(update);
+}
+
+void Dispatcher::Conclude(const v1::CommandUpdate& update) {
+  auto remember = [&] {
     std::lock_guard<std::mutex> lock(mu_);
-    (void)results_->Remember(update, hooks_.now());
-  }
+    if (absl::Status s = results_->Remember(update, hooks_.now()); !s.ok()) {
+      log_->Warn("command.not_recorded",
+                 {{"command_id", update.command_id()}, {"error", std::string(ToStd(s.message()))}});
+    }
+  };
+  if (hooks_.terminal) return hooks_.terminal(update, remember);
+  remember();
   hooks_.update(update);
 }
 
@@ -91,11 +100,7 @@ void Dispatcher::ReportInterrupted() {
     v1::CommandUpdate update = Update(id, v1::COMMAND_STATE_FAILED);
     update.set_code(v1::COMMAND_CODE_INTERRUPTED);
     update.set_message("bcd restarted while the command ran");
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      (void)results_->Remember(update, hooks_.now());
-    }
-    hooks_.update(update);
+    Conclude(update);
   }
 }
 
@@ -170,7 +175,7 @@ void Dispatcher::Submit(const v1::SignedCommand& signed_command, const pki::Trus
       absl::Status limited;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        limited = hourly_.Take(now, trust.approvers().unbatched_destructive_per_hour());
+        limited = results_->TakeHourly(now, trust.approvers().unbatched_destructive_per_hour());
       }
       if (!limited.ok())
         return Reject(id, v1::COMMAND_CODE_RATE_LIMITED, std::string(ToStd(limited.message())));
@@ -238,14 +243,11 @@ void Dispatcher::Cancel(const std::string& command_id, const std::string& reason
 }
 
 void Dispatcher::Finish(Job& job, v1::CommandUpdate update) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    (void)results_->Remember(update, hooks_.now());
-    active_.erase(job.command.command_id());
-  }
   log_->Info("command.done", {{"command_id", job.command.command_id()},
                               {"state", v1::CommandState_Name(update.state())}});
-  hooks_.update(update);
+  Conclude(update);
+  std::lock_guard<std::mutex> lock(mu_);
+  active_.erase(job.command.command_id());
 }
 
 void Dispatcher::LaneLoop(Lane* lane) {

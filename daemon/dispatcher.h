@@ -44,6 +44,11 @@ class CommandHandler {
 
 struct DispatcherHooks {
   std::function<void(const bettercompute::agent::v1::CommandUpdate&)> update;  // into the outbox
+  // A terminal update: into the outbox, then `remember()` records it in the result store, before
+  // an Ack can drop the update (SessionEngine::EmitUpdate). Unset: remember(), then update().
+  std::function<void(const bettercompute::agent::v1::CommandUpdate&,
+                     const std::function<void()>& remember)>
+      terminal;
   std::function<int64_t()> now;
 };
 
@@ -67,6 +72,8 @@ class Dispatcher {
   void Reject(const std::string& id, bettercompute::agent::v1::CommandCode code,
               const std::string& message);
   void Finish(Job& job, bettercompute::agent::v1::CommandUpdate update);
+  // Sends a terminal update and records it in the result store.
+  void Conclude(const bettercompute::agent::v1::CommandUpdate& update);
   void LaneLoop(Lane* lane);
   void Watch();  // sets `stop` on commands past their deadline
   bettercompute::agent::v1::CommandUpdate Update(
@@ -81,7 +88,6 @@ class Dispatcher {
   std::mutex mu_;
   std::condition_variable cv_;
   ResultStore* results_;                                // guarded by mu_
-  pki::HourlyLimit hourly_;                             // guarded by mu_
   std::map<proto::Lane, std::unique_ptr<Lane>> lanes_;  // guarded by mu_
   std::map<std::string, std::shared_ptr<Job>> active_;  // queued or running, by id; guarded by mu_
   bool stopping_ = false;                               // guarded by mu_

@@ -28,6 +28,10 @@ class Logger {
             std::initializer_list<std::pair<std::string_view, std::string>> fields = {}) {
     Log(LogLevel::kWarn, event, fields);
   }
+  void Error(std::string_view event,
+             std::initializer_list<std::pair<std::string_view, std::string>> fields = {}) {
+    Log(LogLevel::kError, event, fields);
+  }
 
  private:
   std::mutex mu_;

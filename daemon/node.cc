@@ -104,6 +104,11 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
                           [self](const bettercompute::agent::v1::CommandUpdate& update) {
                             (void)self->engine_->EmitUpdate(update);
                           },
+                      .terminal =
+                          [self](const bettercompute::agent::v1::CommandUpdate& update,
+                                 const std::function<void()>& remember) {
+                            (void)self->engine_->EmitUpdate(update, remember);
+                          },
                       .now = env.now},
       env.log);
   daemon->dispatcher_->Register(
@@ -145,6 +150,11 @@ std::string NodeDaemon::StatusText() const {
 }
 
 absl::Status NodeDaemon::Run() {
+  // A command whose terminal update reached the outbox just before a crash finished: record it,
+  // so it is not reported interrupted as well.
+  if (absl::StatusOr<int> found = results_->Reconcile(outbox_->pending(), now_()); !found.ok()) {
+    return found.status();
+  }
   dispatcher_->ReportInterrupted();
   renewer_->Start();
   absl::Status status = engine_->Run();

@@ -47,7 +47,9 @@ absl::StatusOr<Outbox> Outbox::Open(const std::filesystem::path& dir, OutboxLimi
 }
 
 absl::StatusOr<v1::AgentFrame> Outbox::Append(v1::AgentFrame frame) {
-  if (pending_.size() >= limits_.max_entries) {
+  // The last slot is kept for the one outbox.full event that says the outbox filled up.
+  bool notice = frame.has_event() && frame.event().kind() == kOutboxFullEvent;
+  if (pending_.size() + (notice ? 0 : 1) >= limits_.max_entries) {
     return absl::ResourceExhaustedError(
         fmt::format("the outbox is full: {} entries wait for the gateway's Ack", pending_.size()));
   }

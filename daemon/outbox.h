@@ -3,8 +3,8 @@
 // The outbox: command updates and events wait here, in one per-node sequence, until an Ack covers
 // them. Append persists (fsync) before it returns, so what the session sends survives a crash of
 // either side; after a reconnect or restart everything not acknowledged is sent again, in order.
-// Bounded: when full, Append refuses (and the caller raises the outbox.full event it keeps room
-// for).
+// Bounded: when full, Append refuses; the last slot is kept for one event of kind outbox.full,
+// which the caller appends when a frame is refused, so the gateway learns that something was lost.
 //
 // Not thread-safe: the session engine owns it.
 
@@ -18,6 +18,8 @@
 #include "daemon/record_log.h"
 
 namespace bcd {
+
+inline constexpr char kOutboxFullEvent[] = "outbox.full";
 
 struct OutboxLimits {
   std::size_t max_entries = 100000;

@@ -33,13 +33,14 @@ absl::Status SessionEngine::Emit(v1::Severity severity, std::string kind, std::s
   event->set_message(std::move(message));
   event->set_time_ms(static_cast<uint64_t>(options_.now()) * 1000);
   for (auto& [key, value] : attributes) (*event->mutable_attributes())[key] = value;
-  return Enqueue(std::move(frame));
+  return Enqueue(std::move(frame), {});
 }
 
-absl::Status SessionEngine::EmitUpdate(const v1::CommandUpdate& update) {
+absl::Status SessionEngine::EmitUpdate(const v1::CommandUpdate& update,
+                                       const std::function<void()>& then) {
   v1::AgentFrame frame;
   *frame.mutable_command_update() = update;
-  return Enqueue(std::move(frame));
+  return Enqueue(std::move(frame), then);
 }
 
 void SessionEngine::Send(const v1::AgentFrame& frame) {
@@ -47,11 +48,27 @@ void SessionEngine::Send(const v1::AgentFrame& frame) {
   if (live_ != nullptr) live_->Write(frame);
 }
 
-absl::Status SessionEngine::Enqueue(v1::AgentFrame frame) {
+absl::Status SessionEngine::Enqueue(v1::AgentFrame frame, const std::function<void()>& then) {
   std::lock_guard<std::mutex> lock(outbox_mu_);
   absl::StatusOr<v1::AgentFrame> stored = outbox_->Append(std::move(frame));
+  // Runs before an Ack can drop the entry: see EmitUpdate.
+  if (then) then();
   if (!stored.ok()) {
     log_->Warn("outbox.refused", {{"error", std::string(ToStd(stored.status().message()))}});
+    if (absl::IsResourceExhausted(stored.status())) {
+      // The slot the outbox keeps for this takes it once; later refusals find it used.
+      v1::AgentFrame notice;
+      v1::Event* event = notice.mutable_event();
+      event->set_kind(kOutboxFullEvent);
+      event->set_severity(v1::SEVERITY_ERROR);
+      event->set_message(std::string(ToStd(stored.status().message())) +
+                         ": updates and events after this one are lost until it drains");
+      event->set_time_ms(static_cast<uint64_t>(options_.now()) * 1000);
+      if (absl::StatusOr<v1::AgentFrame> sent = outbox_->Append(std::move(notice)); sent.ok()) {
+        log_->Error("outbox.full", {{"pending", std::to_string(outbox_->pending().size())}});
+        if (live_ != nullptr) live_->Write(*sent);
+      }
+    }
     return stored.status();
   }
   if (live_ != nullptr) live_->Write(*stored);

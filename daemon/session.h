@@ -64,8 +64,12 @@ class SessionEngine {
   // could not be persisted (the outbox is full or the disk failed).
   absl::Status Emit(bettercompute::agent::v1::Severity severity, std::string kind,
                     std::string message, std::map<std::string, std::string> attributes = {});
-  // A command update, through the outbox like an event. Thread-safe.
-  absl::Status EmitUpdate(const bettercompute::agent::v1::CommandUpdate& update);
+  // A command update, through the outbox like an event. Thread-safe. `then` runs once the update
+  // is in the outbox (or was refused) and before any Ack can drop it again: the dispatcher records
+  // the terminal result there, so a crash between the two leaves the update in the outbox for the
+  // next start to find (ResultStore::Reconcile), never a result the gateway cannot receive.
+  absl::Status EmitUpdate(const bettercompute::agent::v1::CommandUpdate& update,
+                          const std::function<void()>& then = {});
   // A frame outside the outbox (inventory, ...): sent now when connected, else dropped.
   // Thread-safe.
   void Send(const bettercompute::agent::v1::AgentFrame& frame);
@@ -93,7 +97,8 @@ class SessionEngine {
   bettercompute::agent::v1::AgentFrame Status() const;
   void SetState(std::string state, std::string error = "");
 
-  absl::Status Enqueue(bettercompute::agent::v1::AgentFrame frame);
+  absl::Status Enqueue(bettercompute::agent::v1::AgentFrame frame,
+                       const std::function<void()>& then);
   class Dispatcher* dispatcher_ = nullptr;
   transport::Transport* transport_;
   pki::TrustState trust_;  // owned by the Run thread

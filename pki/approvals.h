@@ -32,6 +32,9 @@ class HourlyLimit {
   // Counts one command at `now` (unix seconds) unless `per_hour` are already counted in the hour
   // before it; 0 means no limit.
   absl::Status Take(int64_t now, uint32_t per_hour);
+  // Counts one taken at `at` without checking (restoring a persisted count).
+  void Restore(int64_t at) { taken_.push_back(at); }
+  const std::deque<int64_t>& taken() const { return taken_; }
 
  private:
   std::deque<int64_t> taken_;

@@ -114,12 +114,21 @@ TEST(Outbox, SequenceNumbersNeverGoBackAfterEverythingWasAcked) {
 
 TEST(Outbox, AFullOutboxRefusesWithAClearMessage) {
   FakeRoot dir;
-  Outbox outbox = *Outbox::Open(dir.path(), {.max_entries = 2});
+  Outbox outbox = *Outbox::Open(dir.path(), {.max_entries = 3});
   ASSERT_TRUE(outbox.Append(Event("a")).ok());
   ASSERT_TRUE(outbox.Append(Event("b")).ok());
   absl::StatusOr<v1::AgentFrame> full = outbox.Append(Event("c"));
   EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(Message(full.status()), "the outbox is full: 2 entries wait for the gateway's Ack");
+  // The last slot takes the one event that says so, and nothing else.
+  v1::AgentFrame notice = Event("x");
+  notice.mutable_event()->set_kind(kOutboxFullEvent);
+  ASSERT_TRUE(outbox.Append(notice).ok());
+  EXPECT_EQ(outbox.Append(notice).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(outbox.pending().back().event().kind(), "outbox.full");
+  // An Ack makes room again.
+  ASSERT_TRUE(outbox.Ack(2).ok());
+  EXPECT_TRUE(outbox.Append(Event("d")).ok());
 }
 
 TEST(Outbox, TakesOnlyUpdatesAndEvents) {

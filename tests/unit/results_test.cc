@@ -58,8 +58,58 @@ TEST(ResultStore, ForgetsResultsOlderThanADay) {
     EXPECT_TRUE(store.Terminal("new").has_value());
   }
   ResultStore again = *ResultStore::Open(dir.path(), 1002 + ResultStore::kKeepSeconds);
-  EXPECT_FALSE(again.Terminal("old").has_value()) << "the rewritten log no longer holds it";
+  EXPECT_FALSE(again.Terminal("old").has_value());
   EXPECT_TRUE(again.Terminal("new").has_value());
+}
+
+TEST(ResultStore, ALongRunningDaemonForgetsAndCompactsWhileRunning) {
+  FakeRoot dir;
+  ResultStore store = *ResultStore::Open(dir.path(), 1000);
+  for (int i = 0; i < 1000; ++i) {
+    std::string id = "c-" + std::to_string(i);
+    ASSERT_TRUE(store.MarkRunning(id, "inventory.refresh").ok());
+    ASSERT_TRUE(store.Remember(Done(id), 1000).ok());
+  }
+  auto size_before = std::filesystem::file_size(dir.path() / "results.log");
+  // A day and an hour later, the next result forgets all of them and rewrites the log.
+  ASSERT_TRUE(store.Remember(Done("late"), 1000 + ResultStore::kKeepSeconds + 3600).ok());
+  EXPECT_EQ(store.size(), 1u);
+  EXPECT_LT(std::filesystem::file_size(dir.path() / "results.log"), size_before / 100);
+  ResultStore reopened = *ResultStore::Open(dir.path(), 1000 + ResultStore::kKeepSeconds + 3601);
+  EXPECT_TRUE(reopened.Terminal("late").has_value());
+  EXPECT_FALSE(reopened.Terminal("c-1").has_value());
+}
+
+TEST(ResultStore, ReconcileRecordsTerminalUpdatesFoundInTheOutbox) {
+  FakeRoot dir;
+  ResultStore store = *ResultStore::Open(dir.path(), 1000);
+  ASSERT_TRUE(store.MarkRunning("c-1", "node.reboot").ok());
+  ASSERT_TRUE(store.MarkRunning("c-2", "node.reboot").ok());
+  std::deque<v1::AgentFrame> pending(3);
+  *pending[0].mutable_command_update() = Done("c-1", v1::COMMAND_STATE_RUNNING);
+  *pending[1].mutable_command_update() = Done("c-1");
+  pending[2].mutable_event()->set_kind("identity.renewed");
+  EXPECT_EQ(*store.Reconcile(pending, 1001), 1);
+  EXPECT_EQ(store.running(), (std::map<std::string, std::string>{{"c-2", "node.reboot"}}))
+      << "c-2 has no terminal update anywhere: it was interrupted";
+  EXPECT_EQ(store.Terminal("c-1")->result(), "result of c-1");
+  EXPECT_EQ(*store.Reconcile(pending, 1002), 0) << "recorded once";
+}
+
+TEST(ResultStore, TheHourlyCountSurvivesARestart) {
+  FakeRoot dir;
+  {
+    ResultStore store = *ResultStore::Open(dir.path(), 1000);
+    ASSERT_TRUE(store.TakeHourly(1000, 2).ok());
+    ASSERT_TRUE(store.TakeHourly(1100, 2).ok());
+    EXPECT_EQ(store.TakeHourly(1200, 2).code(), absl::StatusCode::kResourceExhausted);
+  }
+  ResultStore store = *ResultStore::Open(dir.path(), 1300);
+  absl::Status limited = store.TakeHourly(1300, 2);
+  EXPECT_EQ(limited.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(std::string(ToStd(limited.message())),
+            "2 unbatched destructive commands in the last hour, the limit is 2");
+  EXPECT_TRUE(store.TakeHourly(4600, 2).ok()) << "the one taken at 1000 is past its hour";
 }
 
 TEST(ResultStore, ACorruptRecordIsNamed) {
