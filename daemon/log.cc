@@ -18,7 +18,7 @@ std::string Quote(const std::string& value) {
 
 void Logger::Log(LogLevel level, std::string_view event,
                  std::initializer_list<std::pair<std::string_view, std::string>> fields) {
-  if (static_cast<int>(level) < static_cast<int>(level_) || out_ == nullptr) return;
+  if (static_cast<int>(level) < static_cast<int>(level_.load()) || out_ == nullptr) return;
   std::string line = "level=" + std::string(LogLevelName(level)) + " event=" + std::string(event);
   for (const auto& [key, value] : fields) line += " " + std::string(key) + "=" + Quote(value);
   line += "\n";

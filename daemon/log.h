@@ -4,6 +4,7 @@
 //   level=info event=session.welcome session_id=s-1 version=1
 // Values with spaces or quotes are quoted. Never pass a secret, key or token as a value.
 
+#include <atomic>
 #include <initializer_list>
 #include <mutex>
 #include <ostream>
@@ -18,6 +19,8 @@ namespace bcd {
 class Logger {
  public:
   Logger(std::ostream* out, LogLevel level) : out_(out), level_(level) {}
+  void set_level(LogLevel level) { level_ = level; }
+  LogLevel level() const { return level_; }
   void Log(LogLevel level, std::string_view event,
            std::initializer_list<std::pair<std::string_view, std::string>> fields = {});
   void Info(std::string_view event,
@@ -36,7 +39,7 @@ class Logger {
  private:
   std::mutex mu_;
   std::ostream* out_;  // guarded by mu_
-  LogLevel level_;
+  std::atomic<LogLevel> level_;
 };
 
 }  // namespace bcd

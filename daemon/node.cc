@@ -1,6 +1,7 @@
 #include "daemon/node.h"
 
 #include "daemon/control.h"
+#include "daemon/desired.h"
 #include "daemon/dispatcher.h"
 #include "daemon/gateway.h"
 #include "daemon/handlers.h"
@@ -8,9 +9,44 @@
 #include "daemon/renew.h"
 #include "fmt/format.h"
 #include "pki/files.h"
+#include "pki/jwt.h"
 #include "proto/absl_compat.h"
 
 namespace bcd {
+
+using bettercompute::agent::v1::NodeSpec;
+
+namespace {
+
+// The daemon section: log level and StatusReport period now; desired_version is acted on by the
+// daemon.upgrade command, which brings the binary, so here it is only compared.
+absl::Status ApplyDaemonSection(const bettercompute::agent::v1::DaemonSection& section, Logger* log,
+                                SessionEngine* engine, std::chrono::milliseconds default_interval) {
+  std::optional<LogLevel> level;
+  for (LogLevel l : {LogLevel::kDebug, LogLevel::kInfo, LogLevel::kWarn, LogLevel::kError}) {
+    if (section.log_level() == LogLevelName(l)) level = l;
+  }
+  if (!section.log_level().empty() && !level) {
+    return absl::InvalidArgumentError(fmt::format(
+        "log_level \"{}\" is not one of debug, info, warn, error", section.log_level()));
+  }
+  uint32_t interval = section.status_interval_seconds();
+  if (interval != 0 && (interval < 10 || interval > 86400)) {
+    return absl::InvalidArgumentError(fmt::format("status_interval_seconds {} is outside 10..86400",
+                                                  section.status_interval_seconds()));
+  }
+  if (level && log != nullptr) log->set_level(*level);
+  engine->set_status_interval(interval != 0 ? std::chrono::seconds(interval) : default_interval);
+  if (!section.desired_version().empty() && section.desired_version() != BCD_VERSION) {
+    return absl::FailedPreconditionError(
+        fmt::format("desired_version {} differs from this daemon's {}: it comes with a "
+                    "daemon.upgrade command",
+                    section.desired_version(), BCD_VERSION));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& config,
                                                                proto::Mode mode,
@@ -120,6 +156,23 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
             self->engine_->Send(frame);
           }));
   daemon->engine_->set_dispatcher(daemon->dispatcher_.get());
+  absl::StatusOr<std::unique_ptr<DesiredState>> desired =
+      DesiredState::Open(dir.path(), identity->node.id.node(), env.log);
+  if (!desired.ok()) return desired.status();
+  daemon->desired_ = *std::move(desired);
+  daemon->desired_->Register(
+      "daemon", [self, log = env.log, interval = env.status_interval](const NodeSpec& spec) {
+        return ApplyDaemonSection(spec.daemon(), log, self->engine_.get(), interval);
+      });
+  daemon->desired_->Register("access", [](const NodeSpec& spec) -> absl::Status {
+    // The JWKS is kept by DesiredState; tunnels read it from there when they verify a ticket.
+    if (spec.access().tunnel_jwks().empty()) return absl::OkStatus();
+    absl::StatusOr<std::size_t> keys = pki::CheckJwks(spec.access().tunnel_jwks());
+    if (!keys.ok()) return keys.status();
+    return absl::OkStatus();
+  });
+  daemon->desired_->Reapply();
+  daemon->engine_->set_desired(daemon->desired_.get());
   if (QueryControl(dir.path() / "bcd.sock").ok()) {
     return absl::FailedPreconditionError(
         fmt::format("another bcd is already running on {}", dir.path().string()));

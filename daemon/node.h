@@ -41,6 +41,8 @@ class NodeDaemon {
     return engine_->WaitUntil(done, timeout);
   }
   int renewals() const;
+  // The applied desired state (tests read it).
+  const class DesiredState& desired() const { return *desired_; }
   bool WaitForRenewals(int count, std::chrono::milliseconds timeout) const;
   // The status as `bcd status` prints it: identity and certificate from the state dir, the session
   // from the engine.
@@ -56,6 +58,7 @@ class NodeDaemon {
   std::unique_ptr<Outbox> outbox_;
   std::unique_ptr<ResultStore> results_;
   std::unique_ptr<class Dispatcher> dispatcher_;
+  std::unique_ptr<class DesiredState> desired_;
   std::filesystem::path state_dir_;
   std::function<int64_t()> now_;
 };

@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "daemon/backoff.h"
+#include "daemon/desired.h"
 #include "daemon/dispatcher.h"
 #include "proto/absl_compat.h"
 
@@ -19,6 +20,7 @@ SessionEngine::SessionEngine(transport::Transport* transport, pki::TrustState tr
       options_(std::move(options)),
       log_(log),
       outbox_(outbox) {
+  status_interval_ms_ = options_.status_interval.count();
   snapshot_.trust_version = trust_.version();
   snapshot_.outbox_pending = outbox_->pending().size();
   snapshot_.last_acked_seq = outbox_->last_acked();
@@ -108,7 +110,7 @@ v1::AgentFrame SessionEngine::Hello() const {
   for (const std::string& capability : options_.capabilities) hello->add_capabilities(capability);
   hello->set_role(options_.role);
   hello->set_trust_version(trust_.version());
-  hello->set_applied_generation(0);  // no desired state is applied by this build yet
+  if (desired_ != nullptr) hello->set_applied_generation(desired_->applied_generation());
   {
     std::lock_guard<std::mutex> lock(outbox_mu_);
     hello->set_last_acked_seq(outbox_->last_acked());
@@ -126,6 +128,10 @@ v1::AgentFrame SessionEngine::Status() const {
   status->set_uptime(
       static_cast<uint64_t>(std::max<int64_t>(0, options_.now() - options_.started_at)));
   status->set_trust_version(trust_.version());
+  if (desired_ != nullptr) {
+    status->set_applied_generation(desired_->applied_generation());
+    for (const v1::SectionStatus& section : desired_->sections()) *status->add_sections() = section;
+  }
   status->set_certificate_not_after(static_cast<uint64_t>(options_.certificate_not_after));
   status->set_daemon_version(BCD_VERSION);
   {
@@ -180,6 +186,14 @@ bool SessionEngine::Handle(const v1::ServerFrame& frame) {
       if (dispatcher_ == nullptr) return unhandled();
       dispatcher_->Cancel(frame.cancel_command().command_id(), frame.cancel_command().reason());
       return false;
+    case v1::ServerFrame::kDesiredState: {
+      if (desired_ == nullptr) return unhandled();
+      v1::AgentFrame reply;
+      *reply.mutable_spec_ack() = desired_->Offer(frame.desired_state(), trust_, options_.now());
+      bool applied = reply.spec_ack().state() == v1::SPEC_ACK_STATE_APPLIED;
+      Send(reply);
+      return applied;
+    }
     case v1::ServerFrame::kAck: {
       std::lock_guard<std::mutex> lock(outbox_mu_);
       if (absl::Status s = outbox_->Ack(frame.ack().up_to_seq()); !s.ok()) {
@@ -248,7 +262,8 @@ transport::Refusal SessionEngine::Serve(transport::FrameStream& stream, Backoff&
   bool ended = false;
   std::thread ticker([&] {
     std::unique_lock<std::mutex> lock(ticker_mu);
-    while (!ticker_cv.wait_for(lock, options_.status_interval, [&] { return ended; })) {
+    while (!ticker_cv.wait_for(lock, std::chrono::milliseconds(status_interval_ms_.load()),
+                               [&] { return ended; })) {
       lock.unlock();
       stream.Write(Status());
       lock.lock();

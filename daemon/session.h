@@ -7,6 +7,7 @@
 // Threading: Run() blocks its caller's thread and owns the stream; Stop() and Snapshot() may be
 // called from any thread. While connected, one helper thread sends the periodic StatusReport.
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -76,6 +77,13 @@ class SessionEngine {
   // Where commands and cancels go; without one, command frames are counted as unhandled. Set
   // before Run.
   void set_dispatcher(class Dispatcher* dispatcher) { dispatcher_ = dispatcher; }
+  // Where desired state goes; without one, desired_state frames are counted as unhandled. Set
+  // before Run.
+  void set_desired(class DesiredState* desired) { desired_ = desired; }
+  // The period of StatusReport from the next one on (the daemon section of desired state).
+  void set_status_interval(std::chrono::milliseconds interval) {
+    status_interval_ms_ = interval.count();
+  }
   ~SessionEngine();
 
   // Runs until Stop() (OK) or a refusal that needs a person (FailedPrecondition, naming it).
@@ -100,6 +108,8 @@ class SessionEngine {
   absl::Status Enqueue(bettercompute::agent::v1::AgentFrame frame,
                        const std::function<void()>& then);
   class Dispatcher* dispatcher_ = nullptr;
+  class DesiredState* desired_ = nullptr;
+  std::atomic<int64_t> status_interval_ms_{0};
   transport::Transport* transport_;
   pki::TrustState trust_;  // owned by the Run thread
   pki::PublicKey join_service_key_;

@@ -63,6 +63,26 @@ absl::StatusOr<PublicKey> FindKey(std::string_view jwks_json, std::string_view k
 
 }  // namespace
 
+absl::StatusOr<std::size_t> CheckJwks(std::string_view jwks_json) {
+  std::optional<json> jwks = ParseJsonObject(jwks_json, 64 * 1024);
+  if (!jwks || !jwks->contains("keys") || !(*jwks)["keys"].is_array()) {
+    return absl::InvalidArgumentError("the JWKS is not a JSON object with a keys array");
+  }
+  std::size_t count = 0;
+  for (const json& jwk : (*jwks)["keys"]) {
+    std::optional<std::string> kid = StringMember(jwk, "kid");
+    if (!kid) return absl::InvalidArgumentError(fmt::format("JWKS key {} has no kid", count));
+    absl::StatusOr<PublicKey> key = FindKey(jwks_json, *kid);
+    if (!key.ok()) {
+      std::string_view why = ToStd(key.status().message());
+      why.remove_prefix(std::min(why.size(), std::string_view("tunnel ticket refused: ").size()));
+      return absl::InvalidArgumentError(std::string(why));
+    }
+    ++count;
+  }
+  return count;
+}
+
 absl::StatusOr<TunnelTicket> TunnelTicket::Verify(std::string_view compact,
                                                   std::string_view jwks_json,
                                                   const TicketExpectation& expect) {

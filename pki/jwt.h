@@ -77,6 +77,10 @@ class JtiSet {
 // For the dev gateway and tests.
 absl::StatusOr<std::string> SignJwt(std::string_view claims_json, const PrivateKey& key,
                                     std::string_view kid);
+// The number of keys in a JWKS when every one is a usable EC P-256 key with a kid; otherwise
+// InvalidArgument naming the first that is not.
+absl::StatusOr<std::size_t> CheckJwks(std::string_view jwks_json);
+
 // A JWKS with one public key.
 std::string JwksOf(const PublicKey& key, std::string_view kid);
 

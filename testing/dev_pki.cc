@@ -67,6 +67,18 @@ bettercompute::agent::v1::SignedCommand DevPki::SignCommand(
   return out;
 }
 
+bettercompute::agent::v1::SignedSpec DevPki::SignSpec(
+    const bettercompute::agent::v1::NodeSpec& spec, bool sign) const {
+  bettercompute::agent::v1::SignedSpec out;
+  out.set_body(spec.SerializeAsString());
+  if (sign) {
+    *out.mutable_signature() =
+        *pki::Sign(proto::BodySigningInput(proto::Purpose::kSpec, out.body()), worker_key_,
+                   "dev-worker", {worker_->Der()});
+  }
+  return out;
+}
+
 bettercompute::agent::v1::SignedTrustBundle DevPki::SignedBundle(uint64_t version) const {
   bettercompute::agent::v1::TrustBundle bundle;
   bundle.set_trust_domain(kTrustDomain);

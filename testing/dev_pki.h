@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "bettercompute/agent/v1/commands.pb.h"
+#include "bettercompute/agent/v1/spec.pb.h"
 #include "bettercompute/agent/v1/trust.pb.h"
 #include "pki/issue.h"
 #include "pki/keys.h"
@@ -45,6 +46,9 @@ class DevPki {
   // A command for `node_id`, signed by the worker key with its chain (or unsigned).
   bettercompute::agent::v1::SignedCommand SignCommand(
       const bettercompute::agent::v1::Command& command, bool sign = true) const;
+  // A desired state, signed like a command (purpose "spec"), or unsigned.
+  bettercompute::agent::v1::SignedSpec SignSpec(const bettercompute::agent::v1::NodeSpec& spec,
+                                                bool sign = true) const;
   const pki::PrivateKey& worker_key() const { return worker_key_; }
   const pki::Certificate& signing_root() const { return *signing_root_; }
 

@@ -5,10 +5,12 @@
 #include <sstream>
 #include <thread>
 
+#include "daemon/desired.h"
 #include "daemon/join.h"
 #include "daemon/node.h"
 #include "gtest/gtest.h"
 #include "pki/envelope.h"
+#include "pki/jwt.h"
 #include "proto/signing_input.h"
 #include "testing/dev_gateway.h"
 #include "tests/unit/fake_root.h"
@@ -39,17 +41,27 @@ class Commands : public ::testing::Test {
                   .now = [] { return static_cast<int64_t>(std::time(nullptr)); },
                   .sleep = [](seconds) {}};
     EXPECT_TRUE(JoinFleet(config, spec).ok());
-    daemon_ = *NodeDaemon::Create(config, proto::Mode::kNode,
+    config_ = std::make_unique<Config>(config);
+    Start();
+  }
+  ~Commands() override { Stop(); }
+
+  void Start() {
+    daemon_ = *NodeDaemon::Create(*config_, proto::Mode::kNode,
                                   {.inventory = {root_.path(), "x86_64", nullptr, 0},
                                    .now = [] { return static_cast<int64_t>(std::time(nullptr)); },
                                    .uniform01 = [] { return 0.01; },
                                    .log = &log_});
     runner_ = std::thread([this] { (void)daemon_->Run(); });
+    int welcomes = gateway_->SessionNodes().size();
+    EXPECT_TRUE(gateway_->WaitForWelcomes(welcomes + 1, kWait));
     EXPECT_TRUE(gateway_->WaitForReceived("n-1", 1, kWait));
   }
-  ~Commands() override {
+  void Stop() {
+    if (!daemon_) return;
     daemon_->Stop();
     runner_.join();
+    daemon_.reset();
   }
 
   v1::Command Make(const std::string& id, const std::string& kind) {
@@ -101,6 +113,7 @@ class Commands : public ::testing::Test {
   std::unique_ptr<DevGateway> gateway_;
   std::ostringstream log_text_;
   Logger log_{&log_text_, LogLevel::kInfo};
+  std::unique_ptr<Config> config_;
   std::unique_ptr<NodeDaemon> daemon_;
   std::thread runner_;
 };
@@ -180,6 +193,141 @@ TEST_F(Commands, EachRefusalHasItsCode) {
 TEST_F(Commands, AnUnsignedCommandOfAKindThatNeedsNoSignatureRuns) {
   Send(pki_.SignCommand(Make("c-1", "inventory.refresh"), /*sign=*/false));
   EXPECT_EQ(Updates("c-1").back().state(), v1::COMMAND_STATE_SUCCEEDED);
+}
+
+v1::NodeSpec Spec(uint64_t generation, const std::string& node_id = "n-1") {
+  v1::NodeSpec spec;
+  spec.set_generation(generation);
+  spec.set_node_id(node_id);
+  return spec;
+}
+
+class DesiredStates : public Commands {
+ protected:
+  void Send(const v1::SignedSpec& spec) {
+    v1::ServerFrame frame;
+    *frame.mutable_desired_state() = spec;
+    ASSERT_TRUE(gateway_->Push("n-1", frame));
+  }
+  // The SpecAcks the gateway has seen, waiting until there are `count`.
+  std::vector<v1::SpecAck> Acks(std::size_t count) {
+    std::vector<v1::SpecAck> acks;
+    auto deadline = std::chrono::steady_clock::now() + kWait;
+    while (std::chrono::steady_clock::now() < deadline) {
+      acks.clear();
+      for (const auto& frame : gateway_->Received("n-1"))
+        if (frame.has_spec_ack()) acks.push_back(frame.spec_ack());
+      if (acks.size() >= count) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return acks;
+  }
+  static std::string Sections(const google::protobuf::RepeatedPtrField<v1::SectionStatus>& all) {
+    std::string out;
+    for (const v1::SectionStatus& s : all)
+      out += s.name() + "=" + v1::SectionState_Name(s.state()) + " ";
+    return out;
+  }
+};
+
+TEST_F(DesiredStates, ANewerSpecIsAppliedPersistedAndReported) {
+  v1::NodeSpec spec = Spec(3);
+  spec.mutable_daemon()->set_log_level("debug");
+  spec.mutable_daemon()->set_status_interval_seconds(60);
+  std::string jwks = pki::JwksOf(pki::PrivateKey::Generate()->Public(), "t-1");
+  spec.mutable_access()->set_tunnel_jwks(jwks);
+  spec.mutable_vps()->add_instances()->set_instance_id("vm-1");
+  Send(pki_.SignSpec(spec));
+  EXPECT_EQ(log_.level(), LogLevel::kInfo);
+  std::vector<v1::SpecAck> acks = Acks(1);
+  ASSERT_EQ(acks.size(), 1u);
+  EXPECT_EQ(acks[0].state(), v1::SPEC_ACK_STATE_APPLIED);
+  EXPECT_EQ(acks[0].generation(), 3u);
+  EXPECT_EQ(Sections(acks[0].sections()),
+            "daemon=SECTION_STATE_APPLIED access=SECTION_STATE_APPLIED "
+            "vps=SECTION_STATE_UNSUPPORTED ");
+  EXPECT_EQ(acks[0].sections(2).message(), "this build does not implement the vps section");
+  EXPECT_EQ(daemon_->desired().tunnel_jwks(), jwks);
+  // A StatusReport follows the change.
+  std::optional<v1::StatusReport> status;
+  auto deadline = std::chrono::steady_clock::now() + kWait;
+  while (!status && std::chrono::steady_clock::now() < deadline) {
+    for (const auto& frame : gateway_->Received("n-1"))
+      if (frame.has_status() && frame.status().applied_generation() == 3) status = frame.status();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(status->sections_size(), 3);
+
+  // After a restart the spec is applied again and Hello says which generation.
+  Stop();
+  log_.set_level(LogLevel::kInfo);
+  Start();
+  EXPECT_EQ(gateway_->LastHello("n-1")->applied_generation(), 3u);
+  EXPECT_EQ(daemon_->desired().tunnel_jwks(), jwks);
+  EXPECT_EQ(daemon_->desired().sections().size(), 3u);
+  EXPECT_EQ(log_.level(), LogLevel::kDebug) << "the daemon section's log level took effect";
+}
+
+TEST_F(DesiredStates, EachRefusalHasItsCode) {
+  Send(pki_.SignSpec(Spec(5)));
+  ASSERT_EQ(Acks(1).size(), 1u);
+  Send(pki_.SignSpec(Spec(5)));
+  Send(pki_.SignSpec(Spec(4)));
+  Send(pki_.SignSpec(Spec(6, "n-2")));
+  Send(pki_.SignSpec(Spec(7), /*sign=*/false));
+  v1::SignedSpec forged = pki_.SignSpec(Spec(8));
+  forged.set_body(Spec(9).SerializeAsString());
+  Send(forged);
+  v1::SignedSpec garbage;
+  garbage.set_body("\xff\xff");
+  Send(garbage);
+  std::vector<v1::SpecAck> acks = Acks(7);
+  ASSERT_EQ(acks.size(), 7u);
+  std::vector<std::pair<std::string, std::string>> got;
+  for (std::size_t i = 1; i < acks.size(); ++i) {
+    EXPECT_EQ(acks[i].state(), v1::SPEC_ACK_STATE_REJECTED);
+    got.emplace_back(acks[i].code(), acks[i].message());
+  }
+  EXPECT_EQ(got[0],
+            std::make_pair(std::string("STALE"),
+                           std::string("spec generation 5 is not newer than the applied 5")));
+  EXPECT_EQ(got[1].first, "STALE");
+  EXPECT_EQ(got[2],
+            std::make_pair(std::string("WRONG_NODE"),
+                           std::string("spec generation 6 is for node \"n-2\", this is \"n-1\"")));
+  EXPECT_EQ(got[3], std::make_pair(std::string("UNSIGNED"),
+                                   std::string("spec generation 7 is not signed")));
+  EXPECT_EQ(
+      got[4],
+      std::make_pair(std::string("BAD_SIGNATURE"),
+                     std::string("spec generation 9: signature: the signature does not verify")));
+  EXPECT_EQ(got[5].first, "INVALID");
+  EXPECT_EQ(daemon_->desired().applied_generation(), 5u);
+}
+
+TEST_F(DesiredStates, SectionsThisBuildCannotTakeAreReportedNotDropped) {
+  v1::NodeSpec spec = Spec(2);
+  spec.mutable_access()->set_tunnel_jwks("{\"keys\": [{\"kid\": \"k\", \"kty\": \"RSA\"}]}");
+  spec.mutable_daemon()->set_log_level("loud");
+  spec.mutable_k8s_join()->set_api_server("https://k8s.example:6443");
+  // A section from a newer control plane: field 40 of NodeSpec, unknown to this build.
+  std::string body = spec.SerializeAsString() + std::string("\xc2\x02\x02\x08\x01", 5);
+  v1::SignedSpec signed_spec = pki_.SignSpec(spec);
+  v1::NodeSpec with_unknown;
+  ASSERT_TRUE(with_unknown.ParseFromString(body));
+  signed_spec = pki_.SignSpec(with_unknown);
+  Send(signed_spec);
+  std::vector<v1::SpecAck> acks = Acks(1);
+  ASSERT_EQ(acks.size(), 1u);
+  EXPECT_EQ(Sections(acks[0].sections()),
+            "daemon=SECTION_STATE_FAILED access=SECTION_STATE_FAILED "
+            "k8s_join=SECTION_STATE_UNSUPPORTED field 40=SECTION_STATE_UNSUPPORTED ");
+  EXPECT_EQ(acks[0].sections(0).message(),
+            "log_level \"loud\" is not one of debug, info, warn, error");
+  EXPECT_EQ(acks[0].sections(1).message(), "JWKS key \"k\" is not an EC P-256 key");
+  EXPECT_EQ(acks[0].sections(3).message(),
+            "a section this build does not know (NodeSpec field 40)");
 }
 
 }  // namespace
