@@ -111,7 +111,7 @@ std::optional<std::pair<std::string, std::string_view>> SplitHostPort(std::strin
 }  // namespace
 
 absl::StatusOr<Url> Url::Parse(std::string_view text,
-                               std::initializer_list<std::string_view> schemes) {
+                               std::initializer_list<std::string_view> schemes, bool allow_query) {
   auto bad = [&](std::string_view why) {
     return absl::InvalidArgumentError(fmt::format("{}, got \"{}\"", why, text));
   };
@@ -123,9 +123,13 @@ absl::StatusOr<Url> Url::Parse(std::string_view text,
   url.text_ = std::string(text);
   url.scheme_ = Lower(text.substr(0, sep));
   if (std::find(schemes.begin(), schemes.end(), url.scheme_) == schemes.end()) return bad(expected);
+  if (url.scheme_ == "http") url.port_ = 80;
   std::string_view rest = text.substr(sep + 3);
-  if (rest.find_first_of("?#") != std::string_view::npos) {
-    return bad("a query or fragment is not allowed in the URL");
+  if (rest.find('#') != std::string_view::npos) return bad("a fragment is not allowed in the URL");
+  if (std::size_t q = rest.find('?'); q != std::string_view::npos) {
+    if (!allow_query) return bad("a query or fragment is not allowed in the URL");
+    url.query_ = std::string(rest.substr(q + 1));
+    rest = rest.substr(0, q);
   }
   for (char c : rest) {
     if (static_cast<unsigned char>(c) <= 0x20 || static_cast<unsigned char>(c) >= 0x7f) {
@@ -178,6 +182,17 @@ std::string Sha256Pin::Hex() const {
   std::string out;
   for (uint8_t b : bytes_) out += fmt::format("{:02x}", b);
   return out;
+}
+
+bool IsUnitName(std::string_view name) {
+  if (name.empty() || name.size() > 255 || name.front() == '-') return false;
+  for (char c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) &&
+        std::string_view(":-_.\\@").find(c) == std::string_view::npos) {
+      return false;
+    }
+  }
+  return true;
 }
 
 std::string_view LogLevelName(LogLevel level) {
@@ -268,6 +283,7 @@ class ConfigParser {
             {"update", [&](const toml::node& n, const std::string& k) { Update(n, k, &config); }},
             {"imds", [&](const toml::node& n, const std::string& k) { Imds(n, k, &config); }},
             {"tunnels", [&](const toml::node& n, const std::string& k) { Tunnels(n, k, &config); }},
+            {"node", [&](const toml::node& n, const std::string& k) { Node(n, k, &config); }},
         });
     if (!config.gateway_url_ && !seen_.contains("gateway_url")) Missing("gateway_url");
     if (!config.gateway_ca_pin_ && !seen_.contains("gateway_ca_spki_sha256")) {
@@ -463,6 +479,47 @@ class ConfigParser {
                   Error(n, k, fmt::format("expected 1 to {}, got {}", kMaxTunnels, value->get()));
                 } else {
                   config->max_tunnels_ = static_cast<uint32_t>(value->get());
+                }
+              }},
+         });
+  }
+
+  void Node(const toml::node& node, const std::string& key, Config* config) {
+    const toml::table* table = Table(node, key);
+    if (!table) return;
+    Walk(*table, key,
+         {
+             {"reboot_command",
+              [&](const toml::node& n, const std::string& k) {
+                const toml::array* array = n.as_array();
+                if (!array || array->empty()) {
+                  Error(n, k,
+                        fmt::format("expected a non-empty array of strings (the program and its "
+                                    "arguments), got {}",
+                                    array ? "an empty array" : TypeName(n)));
+                  return;
+                }
+                std::vector<std::string> argv;
+                for (std::size_t i = 0; i < array->size(); ++i) {
+                  std::string item_key = fmt::format("{}[{}]", k, i);
+                  std::optional<std::string> text = String(*array->get(i), item_key);
+                  if (!text) return;
+                  if (text->empty()) {
+                    Error(*array->get(i), item_key, "expected a non-empty string");
+                    return;
+                  }
+                  argv.push_back(*text);
+                }
+                config->reboot_command_ = std::move(argv);
+              }},
+             {"log_unit",
+              [&](const toml::node& n, const std::string& k) {
+                if (auto s = String(n, k)) {
+                  if (!IsUnitName(*s)) {
+                    Error(n, k, fmt::format("expected a systemd unit name, got \"{}\"", *s));
+                  } else {
+                    config->log_unit_ = *s;
+                  }
                 }
               }},
          });

@@ -28,20 +28,27 @@ inline constexpr uint32_t kMaxTunnels = 16;
 // host is a DNS name, an IPv4 address or a bracketed IPv6 address.
 class Url {
  public:
-  // `schemes` lists the schemes allowed ("https", "wss"); the port defaults to 443 for both.
+  // `schemes` lists the schemes allowed ("https", "wss", "http"); the port defaults to 80 for
+  // http and 443 otherwise. A query is refused unless `allow_query` (presigned URLs carry one).
   static absl::StatusOr<Url> Parse(std::string_view text,
-                                   std::initializer_list<std::string_view> schemes);
+                                   std::initializer_list<std::string_view> schemes,
+                                   bool allow_query = false);
 
   const std::string& scheme() const { return scheme_; }
   const std::string& host() const { return host_; }  // IPv6 without brackets
   uint16_t port() const { return port_; }
   const std::string& path() const { return path_; }  // "" or starting with '/'
+  const std::string& query() const { return query_; }  // without the '?'
+  // The request target: the path ("/" when empty) and the query.
+  std::string target() const {
+    return (path_.empty() ? "/" : path_) + (query_.empty() ? "" : "?" + query_);
+  }
   bool host_is_ip() const { return host_is_ip_; }
   const std::string& text() const { return text_; }
 
  private:
   Url() = default;
-  std::string scheme_, host_, path_, text_;
+  std::string scheme_, host_, path_, query_, text_;
   uint16_t port_ = 443;
   bool host_is_ip_ = false;
 };
@@ -66,6 +73,8 @@ struct ListenAddress {
 
 enum class LogLevel { kDebug, kInfo, kWarn, kError };
 std::string_view LogLevelName(LogLevel level);
+// A systemd unit name as journalctl -u takes it (letters, digits, ":-_.\@"; no leading dash).
+bool IsUnitName(std::string_view name);
 
 struct WebSocketConfig {
   Url url;
@@ -95,6 +104,10 @@ class Config {
   const std::optional<WebSocketConfig>& websocket() const { return websocket_; }
   const std::vector<ReleaseKey>& release_keys() const { return release_keys_; }
   const std::optional<ListenAddress>& imds_listen() const { return imds_listen_; }
+  // [node]: what node.reboot runs (after reporting), and the journal unit holding bcd's own log
+  // (logs.collect).
+  const std::vector<std::string>& reboot_command() const { return reboot_command_; }
+  const std::string& log_unit() const { return log_unit_; }
   uint32_t max_tunnels() const { return max_tunnels_; }
   const std::string& source() const { return source_; }
 
@@ -112,6 +125,8 @@ class Config {
   std::optional<WebSocketConfig> websocket_;
   std::vector<ReleaseKey> release_keys_;
   std::optional<ListenAddress> imds_listen_;
+  std::vector<std::string> reboot_command_{"systemctl", "reboot"};
+  std::string log_unit_ = "bcd.service";
   uint32_t max_tunnels_ = kMaxTunnels;
 };
 

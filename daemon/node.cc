@@ -5,8 +5,10 @@
 #include "daemon/dispatcher.h"
 #include "daemon/gateway.h"
 #include "daemon/handlers.h"
+#include "daemon/http_upload.h"
 #include "daemon/identity.h"
 #include "daemon/renew.h"
+#include "daemon/subprocess.h"
 #include "fmt/format.h"
 #include "pki/files.h"
 #include "pki/jwt.h"
@@ -155,6 +157,22 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
             *frame.mutable_inventory() = c;
             self->engine_->Send(frame);
           }));
+  daemon->dispatcher_->Register(
+      "logs.collect", std::make_unique<LogsCollectHandler>(
+                          LogSources{.journalctl = env.journalctl,
+                                     .dmesg = env.dmesg,
+                                     .bcd_unit = config.log_unit(),
+                                     .work_dir = dir.path(),
+                                     .now = env.now},
+                          [](const UploadRequest& request) { return HttpPutFile(request); }));
+  if (mode == proto::Mode::kNode) {
+    daemon->reboot_command_ = config.reboot_command();
+    daemon->dispatcher_->Register(
+        "node.reboot", std::make_unique<NodeRebootHandler>(
+                           env.now, [self](std::chrono::seconds delay, std::string reason) {
+                             self->ScheduleReboot(delay, std::move(reason));
+                           }));
+  }
   daemon->engine_->set_dispatcher(daemon->dispatcher_.get());
   absl::StatusOr<std::unique_ptr<DesiredState>> desired =
       DesiredState::Open(dir.path(), identity->node.id.node(), env.log);
@@ -178,6 +196,7 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
         fmt::format("another bcd is already running on {}", dir.path().string()));
   }
   daemon->state_dir_ = dir.path();
+  daemon->log_ = env.log;
   daemon->now_ = env.now;
   absl::StatusOr<std::unique_ptr<ControlServer>> control =
       ControlServer::Start(dir.path() / "bcd.sock", [d = daemon.get()] { return d->StatusText(); });
@@ -188,6 +207,39 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
 
 NodeDaemon::~NodeDaemon() {
   dispatcher_.reset();  // its lanes report through the engine: stop them first
+  std::thread reboot;
+  {
+    std::lock_guard<std::mutex> lock(reboot_mu_);
+    stopping_ = true;
+    reboot = std::move(reboot_);
+  }
+  reboot_cv_.notify_all();
+  if (reboot.joinable()) reboot.join();
+}
+
+void NodeDaemon::ScheduleReboot(std::chrono::seconds delay, std::string reason) {
+  std::lock_guard<std::mutex> lock(reboot_mu_);
+  if (stopping_ || reboot_.joinable()) return;  // one is already due: the node reboots once
+  reboot_ = std::thread([this, delay, reason = std::move(reason)] {
+    auto due = std::chrono::steady_clock::now() + delay;
+    {
+      std::unique_lock<std::mutex> lock(reboot_mu_);
+      if (reboot_cv_.wait_until(lock, due, [&] { return stopping_; })) return;
+    }
+    // The result should reach the gateway before the node goes down; after 30 s it reboots anyway
+    // and the result goes from the outbox after the restart.
+    engine_->WaitUntil([](const SessionSnapshot& s) { return s.outbox_pending == 0; },
+                       std::chrono::seconds(30));
+    log_->Warn("node.reboot", {{"reason", reason}, {"command", reboot_command_.front()}});
+    SubprocessRunner runner;
+    absl::StatusOr<std::string> ran = runner.Run(reboot_command_, std::chrono::minutes(1));
+    if (!ran.ok()) {
+      std::string why(ToStd(ran.status().message()));
+      log_->Error("node.reboot_failed", {{"error", why}});
+      (void)engine_->Emit(bettercompute::agent::v1::SEVERITY_ERROR, "node.reboot_failed",
+                          "the reboot command failed: " + why);
+    }
+  });
 }
 
 std::string NodeDaemon::StatusText() const {

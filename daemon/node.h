@@ -3,7 +3,11 @@
 // A running mode (node, site): the identity from the state dir, the gRPC transport and the session
 // engine, wired together. main() adds signals; tests drive it directly.
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "daemon/config.h"
@@ -24,6 +28,9 @@ struct NodeDaemonEnv {
   std::chrono::milliseconds status_interval = std::chrono::minutes(5);
   std::chrono::milliseconds keepalive_time = std::chrono::seconds(20);
   std::chrono::milliseconds keepalive_timeout = std::chrono::seconds(20);
+  // Programs logs.collect runs (tests point them at scripts).
+  std::string journalctl = "journalctl";
+  std::string dmesg = "dmesg";
 };
 
 class NodeDaemon {
@@ -59,8 +66,16 @@ class NodeDaemon {
   std::unique_ptr<ResultStore> results_;
   std::unique_ptr<class Dispatcher> dispatcher_;
   std::unique_ptr<class DesiredState> desired_;
+  // node.reboot: waits out the delay and for the outbox to drain, then runs the reboot command.
+  void ScheduleReboot(std::chrono::seconds delay, std::string reason);
+  std::vector<std::string> reboot_command_;
+  std::mutex reboot_mu_;
+  std::condition_variable reboot_cv_;
+  bool stopping_ = false;  // guarded by reboot_mu_
+  std::thread reboot_;     // guarded by reboot_mu_
   std::filesystem::path state_dir_;
   std::function<int64_t()> now_;
+  Logger* log_ = nullptr;
 };
 
 }  // namespace bcd

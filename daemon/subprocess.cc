@@ -48,11 +48,30 @@ struct SpawnSetup {
   }
 };
 
+absl::StatusOr<std::string> RunChild(const std::vector<std::string>& argv,
+                                     std::chrono::milliseconds timeout, std::size_t max_output,
+                                     bool* truncated);
+
 }  // namespace
 
 absl::StatusOr<std::string> SubprocessRunner::Run(const std::vector<std::string>& argv,
                                                   std::chrono::milliseconds timeout,
                                                   std::size_t max_output) {
+  return RunChild(argv, timeout, max_output, nullptr);
+}
+
+absl::StatusOr<std::string> RunCapped(const std::vector<std::string>& argv,
+                                      std::chrono::milliseconds timeout, std::size_t max_output,
+                                      bool* truncated) {
+  *truncated = false;
+  return RunChild(argv, timeout, max_output, truncated);
+}
+
+namespace {
+
+absl::StatusOr<std::string> RunChild(const std::vector<std::string>& argv,
+                                     std::chrono::milliseconds timeout, std::size_t max_output,
+                                     bool* truncated) {
   if (argv.empty()) return absl::InvalidArgumentError("no program to run");
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
@@ -104,6 +123,12 @@ absl::StatusOr<std::string> SubprocessRunner::Run(const std::vector<std::string>
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     if (output.size() + static_cast<std::size_t>(n) > max_output) {
+      if (truncated != nullptr) {
+        output.append(buffer, max_output - output.size());
+        *truncated = true;
+        kill(pid, SIGKILL);
+        break;
+      }
       failure = fmt::format("{}: printed more than {} bytes", argv[0], max_output);
       break;
     }
@@ -114,6 +139,7 @@ absl::StatusOr<std::string> SubprocessRunner::Run(const std::vector<std::string>
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   if (!failure.empty()) return absl::DeadlineExceededError(failure);
+  if (truncated != nullptr && *truncated) return output;  // killed on purpose
   if (WIFSIGNALED(status)) {
     return absl::InternalError(fmt::format("{}: killed by signal {}", argv[0], WTERMSIG(status)));
   }
@@ -126,5 +152,7 @@ absl::StatusOr<std::string> SubprocessRunner::Run(const std::vector<std::string>
   }
   return output;
 }
+
+}  // namespace
 
 }  // namespace bcd

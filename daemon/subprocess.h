@@ -30,4 +30,10 @@ class SubprocessRunner final : public CommandRunner {
                                   std::size_t max_output = 1 << 20) override;
 };
 
+// Like SubprocessRunner::Run, but output past `max_output` is not an error: the child is killed,
+// the first `max_output` bytes are returned and `*truncated` is set.
+absl::StatusOr<std::string> RunCapped(const std::vector<std::string>& argv,
+                                      std::chrono::milliseconds timeout, std::size_t max_output,
+                                      bool* truncated);
+
 }  // namespace bcd

@@ -13,7 +13,7 @@ export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}  # gRPC-heavy translation units t
 BCD_PACKAGES=(
   cmake ninja-build ccache pkg-config g++ clang libclang-rt-dev clang-format
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev libabsl-dev
-  libssl-dev libboost-dev libtomlplusplus-dev libfmt-dev nlohmann-json3-dev
+  libssl-dev libboost-dev zlib1g-dev libtomlplusplus-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev openssl
 )
 

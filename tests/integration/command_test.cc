@@ -2,17 +2,21 @@
 // end, dedup of a redelivered command, and cancel. The dev PKI signs as a control plane worker
 // would.
 
+#include <fstream>
 #include <sstream>
 #include <thread>
 
 #include "daemon/desired.h"
 #include "daemon/join.h"
 #include "daemon/node.h"
+#include "fmt/format.h"
 #include "gtest/gtest.h"
 #include "pki/envelope.h"
 #include "pki/jwt.h"
 #include "proto/signing_input.h"
+#include "testing/child_process.h"
 #include "testing/dev_gateway.h"
+#include "testing/upload_sink.h"
 #include "tests/unit/fake_root.h"
 
 namespace bcd {
@@ -31,12 +35,17 @@ class Commands : public ::testing::Test {
   Commands() : pki_(*DevPki::Create(std::time(nullptr))) {
     gateway_ = *DevGateway::Start(pki_, {});
     root_.PopulateServer();
-    Config config =
-        *Config::Parse("gateway_url = \"https://127.0.0.1:" + std::to_string(gateway_->port()) +
-                           "\"\ngateway_server_name = \"" + DevPki::kGatewayName +
-                           "\"\ngateway_ca_spki_sha256 = \"" + pki_.ServingCaPinHex() +
-                           "\"\nstate_dir = \"" + (dir_.path() / "state").string() + "\"\n",
-                       "test.toml");
+    // Stand-ins for journalctl and dmesg, and a reboot command that leaves a mark.
+    Script("journalctl", "echo \"journal of $5 since ${7:-always}\"");
+    Script("dmesg", "echo '[    0.000000] Linux version 6.1.0'");
+    Config config = *Config::Parse(
+        "gateway_url = \"https://127.0.0.1:" + std::to_string(gateway_->port()) +
+            "\"\ngateway_server_name = \"" + DevPki::kGatewayName +
+            "\"\ngateway_ca_spki_sha256 = \"" + pki_.ServingCaPinHex() + "\"\nstate_dir = \"" +
+            (dir_.path() / "state").string() +
+            "\"\n[node]\nreboot_command = [\"/bin/sh\", \"-c\", \"echo rebooted >> " +
+            (dir_.path() / "rebooted").string() + "\"]\n",
+        "test.toml");
     JoinSpec spec{.evidence = gateway_->AddJoinToken("n-1"),
                   .now = [] { return static_cast<int64_t>(std::time(nullptr)); },
                   .sleep = [](seconds) {}};
@@ -46,12 +55,20 @@ class Commands : public ::testing::Test {
   }
   ~Commands() override { Stop(); }
 
+  void Script(const std::string& name, const std::string& body) {
+    std::filesystem::path path = dir_.path() / name;
+    std::ofstream(path) << "#!/bin/sh\n" << body << "\n";
+    std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+  }
+
   void Start() {
     daemon_ = *NodeDaemon::Create(*config_, proto::Mode::kNode,
                                   {.inventory = {root_.path(), "x86_64", nullptr, 0},
                                    .now = [] { return static_cast<int64_t>(std::time(nullptr)); },
                                    .uniform01 = [] { return 0.01; },
-                                   .log = &log_});
+                                   .log = &log_,
+                                   .journalctl = (dir_.path() / "journalctl").string(),
+                                   .dmesg = (dir_.path() / "dmesg").string()});
     runner_ = std::thread([this] { (void)daemon_->Run(); });
     int welcomes = gateway_->SessionNodes().size();
     EXPECT_TRUE(gateway_->WaitForWelcomes(welcomes + 1, kWait));
@@ -193,6 +210,128 @@ TEST_F(Commands, EachRefusalHasItsCode) {
 TEST_F(Commands, AnUnsignedCommandOfAKindThatNeedsNoSignatureRuns) {
   Send(pki_.SignCommand(Make("c-1", "inventory.refresh"), /*sign=*/false));
   EXPECT_EQ(Updates("c-1").back().state(), v1::COMMAND_STATE_SUCCEEDED);
+}
+
+std::string Hex(std::string_view bytes) {
+  std::string out;
+  for (unsigned char c : bytes) out += fmt::format("{:02x}", c);
+  return out;
+}
+
+// What a shell command prints (the independent tools: tar, sha256sum).
+std::string Shell(const std::string& command) {
+  std::string out;
+  FILE* pipe = popen(command.c_str(), "r");
+  char buffer[4096];
+  while (std::size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) out.append(buffer, n);
+  pclose(pipe);
+  return out;
+}
+
+TEST_F(Commands, LogsCollectUploadsABundleThatTarAndSha256sumAgreeWith) {
+  testing::UploadSink sink;
+  v1::LogsCollectPayload payload;
+  payload.set_upload_url(sink.Url("/bucket/n-1.tar.gz?X-Amz-Signature=abc&X-Amz-Expires=600"));
+  payload.add_journal_units("kubelet.service");
+  payload.set_include_dmesg(true);
+  payload.set_since(1700000000);
+  (*payload.mutable_upload_headers())["x-amz-meta-node"] = "n-1";
+  v1::Command command = Make("c-logs", "logs.collect");
+  command.set_payload(payload.SerializeAsString());
+  Send(pki_.SignCommand(command));
+  std::vector<v1::CommandUpdate> updates = Updates("c-logs");
+  ASSERT_EQ(updates.back().state(), v1::COMMAND_STATE_SUCCEEDED) << updates.back().message();
+  v1::LogsCollectResult result;
+  ASSERT_TRUE(result.ParseFromString(updates.back().result()));
+  EXPECT_EQ(std::vector<std::string>(result.included().begin(), result.included().end()),
+            (std::vector<std::string>{"bcd.log", "journal/kubelet.service.log", "dmesg.txt"}));
+  EXPECT_FALSE(result.truncated());
+
+  ASSERT_EQ(sink.requests().size(), 1u);
+  testing::UploadSink::Request put = sink.requests()[0];
+  EXPECT_EQ(put.method, "PUT");
+  EXPECT_EQ(put.target, "/bucket/n-1.tar.gz?X-Amz-Signature=abc&X-Amz-Expires=600");
+  EXPECT_EQ(put.headers["x-amz-meta-node"], "n-1");
+  EXPECT_EQ(put.body.size(), result.size_bytes());
+  std::filesystem::path bundle = dir_.path() / "bundle.tar.gz";
+  std::ofstream(bundle, std::ios::binary) << put.body;
+  EXPECT_EQ(Shell("sha256sum " + bundle.string()).substr(0, 64), Hex(result.sha256()));
+  EXPECT_EQ(Shell("tar -tzf " + bundle.string()),
+            "bcd.log\njournal/kubelet.service.log\ndmesg.txt\n");
+  EXPECT_EQ(Shell("tar -xzOf " + bundle.string() + " bcd.log"),
+            "journal of bcd.service since @1700000000\n");
+  EXPECT_EQ(Shell("tar -xzOf " + bundle.string() + " dmesg.txt"),
+            "[    0.000000] Linux version 6.1.0\n");
+  EXPECT_FALSE(std::filesystem::exists(dir_.path() / "state" / "logs-c-logs.tar.gz"))
+      << "the bundle is removed once uploaded";
+}
+
+TEST_F(Commands, LogsCollectFailuresSayWhatWentWrong) {
+  testing::UploadSink sink;
+  sink.AnswerWith(403);
+  v1::LogsCollectPayload payload;
+  payload.set_upload_url(sink.Url("/bucket/x"));
+  v1::Command command = Make("c-403", "logs.collect");
+  command.set_payload(payload.SerializeAsString());
+  Send(pki_.SignCommand(command));
+  EXPECT_EQ(Updates("c-403").back().message(),
+            "upload to 127.0.0.1: the server answered 403 sink said");
+
+  payload.set_upload_url("http://example.com/bucket/x");
+  command = Make("c-http", "logs.collect");
+  command.set_payload(payload.SerializeAsString());
+  Send(pki_.SignCommand(command));
+  EXPECT_EQ(Updates("c-http").back().message(),
+            "upload_url: plain http is allowed only to a loopback address, got host example.com");
+
+  payload.set_upload_url(sink.Url("/bucket/x"));
+  payload.add_journal_units("-rf /");
+  command = Make("c-unit", "logs.collect");
+  command.set_payload(payload.SerializeAsString());
+  Send(pki_.SignCommand(command));
+  EXPECT_EQ(Updates("c-unit").back().message(),
+            "journal unit \"-rf /\" is not a systemd unit name");
+  EXPECT_EQ(Updates("c-unit").back().state(), v1::COMMAND_STATE_FAILED);
+
+  // A budget smaller than the logs cuts them and says so.
+  sink.AnswerWith(200);
+  payload.clear_journal_units();
+  payload.set_max_bytes(10);
+  payload.set_include_dmesg(true);
+  command = Make("c-small", "logs.collect");
+  command.set_payload(payload.SerializeAsString());
+  Send(pki_.SignCommand(command));
+  v1::LogsCollectResult result;
+  ASSERT_TRUE(result.ParseFromString(Updates("c-small").back().result()));
+  EXPECT_TRUE(result.truncated());
+  EXPECT_EQ(std::vector<std::string>(result.included().begin(), result.included().end()),
+            (std::vector<std::string>{"bcd.log", "errors.txt"}));
+}
+
+TEST_F(Commands, NodeRebootReportsThenRunsTheRebootCommandOnce) {
+  v1::NodeRebootPayload payload;
+  payload.set_reason("kernel update");
+  v1::Command command = Make("c-reboot", "node.reboot");
+  command.set_payload(payload.SerializeAsString());
+  Send(pki_.SignCommand(command));
+  std::vector<v1::CommandUpdate> updates = Updates("c-reboot");
+  ASSERT_EQ(updates.back().state(), v1::COMMAND_STATE_SUCCEEDED) << updates.back().message();
+  v1::NodeRebootResult result;
+  ASSERT_TRUE(result.ParseFromString(updates.back().result()));
+  EXPECT_NEAR(static_cast<double>(result.scheduled_at()), static_cast<double>(std::time(nullptr)),
+              5);
+  std::filesystem::path mark = dir_.path() / "rebooted";
+  auto deadline = std::chrono::steady_clock::now() + kWait;
+  while (!std::filesystem::exists(mark) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // A second reboot command while one is due does not reboot twice.
+  command.set_command_id("c-reboot-2");
+  Send(pki_.SignCommand(command));
+  Updates("c-reboot-2");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::ifstream in(mark);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "rebooted\n");
 }
 
 v1::NodeSpec Spec(uint64_t generation, const std::string& node_id = "n-1") {

@@ -256,6 +256,26 @@ TEST(ConfigErrors, ReportsEveryErrorAtOnce) {
             "c.toml:6: tunnels.max: expected 1 to 16, got 99");
 }
 
+TEST(Config, NodeSection) {
+  absl::StatusOr<Config> defaults = Config::Parse(Valid(), "c.toml");
+  EXPECT_EQ(defaults->reboot_command(), (std::vector<std::string>{"systemctl", "reboot"}));
+  EXPECT_EQ(defaults->log_unit(), "bcd.service");
+  absl::StatusOr<Config> config = Config::Parse(
+      Valid() +
+          "[node]\nreboot_command = [\"/bin/touch\", \"/tmp/x\"]\nlog_unit = \"bcd@a.service\"\n",
+      "c.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->reboot_command(), (std::vector<std::string>{"/bin/touch", "/tmp/x"}));
+  EXPECT_EQ(config->log_unit(), "bcd@a.service");
+  EXPECT_EQ(ErrorOf(Valid() + "[node]\nreboot_command = []\n"),
+            "c.toml:4: node.reboot_command: expected a non-empty array of strings (the program "
+            "and its arguments), got an empty array");
+  EXPECT_EQ(ErrorOf(Valid() + "[node]\nreboot_command = [\"a\", 1]\n"),
+            "c.toml:4: node.reboot_command[1]: expected a string, got integer");
+  EXPECT_EQ(ErrorOf(Valid() + "[node]\nlog_unit = \"-a b\"\n"),
+            "c.toml:4: node.log_unit: expected a systemd unit name, got \"-a b\"");
+}
+
 TEST(ConfigErrors, InvalidToml) {
   EXPECT_EQ(ErrorOf("gateway_url = \n"),
             "c.toml:1:15: invalid TOML: Error while parsing key-value pair: expected value, saw "
