@@ -65,12 +65,14 @@ v1::CommandUpdate Dispatcher::Update(const std::string& id, v1::CommandState sta
   return update;
 }
 
-void Dispatcher::Reject(const std::string& id, v1::CommandCode code, const std::string& message) {
+void Dispatcher::Reject(const std::string& id, v1::CommandCode code, const std::string& message,
+                        bool remember) {
   v1::CommandUpdate update = Update(id, v1::COMMAND_STATE_REJECTED);
   update.set_code(code);
   update.set_message(message);
   log_->Warn("command.rejected",
              {{"command_id", id}, {"code", v1::CommandCode_Name(code)}, {"message", message}});
+  if (!remember) return hooks_.update(update);
   Conclude(update);
 }
 
@@ -133,8 +135,11 @@ void Dispatcher::Submit(const v1::SignedCommand& signed_command, const pki::Trus
     return;
   }
   if (in_hand && same) return;  // a redelivery of what is queued or running
-  if (in_hand)
-    return Reject(id, v1::COMMAND_CODE_DUPLICATE, "a different command with this id is in hand");
+  if (in_hand) {
+    // Not remembered as the id's result: that is the command in hand's to give.
+    return Reject(id, v1::COMMAND_CODE_DUPLICATE, "a different command with this id is in hand",
+                  /*remember=*/false);
+  }
   if (command.node_id() != node_id_) {
     return Reject(
         id, v1::COMMAND_CODE_WRONG_NODE,

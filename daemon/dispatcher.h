@@ -70,7 +70,7 @@ class Dispatcher {
   struct Job;
   struct Lane;
   void Reject(const std::string& id, bettercompute::agent::v1::CommandCode code,
-              const std::string& message);
+              const std::string& message, bool remember = true);
   void Finish(Job& job, bettercompute::agent::v1::CommandUpdate update);
   // Sends a terminal update and records it in the result store.
   void Conclude(const bettercompute::agent::v1::CommandUpdate& update);

@@ -99,7 +99,8 @@ namespace bcd::testing {
 
 bettercompute::agent::v1::SignedTrustBundle DevPki::SignedBundleWithApprovers(
     uint64_t version, const std::vector<pki::PrivateKey>& approvers, uint32_t threshold,
-    uint64_t epoch, uint32_t unbatched_per_hour) const {
+    uint64_t epoch, uint32_t unbatched_per_hour,
+    const std::vector<std::pair<uint32_t, uint32_t>>& tiers) const {
   bettercompute::agent::v1::TrustBundle bundle;
   bundle.ParseFromString(SignedBundle(version).body());
   for (std::size_t i = 0; i < approvers.size(); ++i) {
@@ -110,12 +111,41 @@ bettercompute::agent::v1::SignedTrustBundle DevPki::SignedBundleWithApprovers(
   bundle.set_approver_threshold(threshold);
   bundle.set_approver_set_epoch(epoch);
   bundle.set_unbatched_destructive_per_hour(unbatched_per_hour);
+  for (const auto& [min_targets, tier_threshold] : tiers) {
+    auto* tier = bundle.add_quorum_tiers();
+    tier->set_min_targets(min_targets);
+    tier->set_threshold(tier_threshold);
+  }
   bettercompute::agent::v1::SignedTrustBundle signed_bundle;
   signed_bundle.set_body(bundle.SerializeAsString());
   *signed_bundle.mutable_signature() =
       *pki::Sign(proto::BodySigningInput(proto::Purpose::kTrustBundle, signed_bundle.body()),
                  join_key_, "join");
   return signed_bundle;
+}
+
+void DevPki::Approve(bettercompute::agent::v1::SignedCommand* command,
+                     const std::vector<pki::PrivateKey>& approvers, const std::vector<int>& which) {
+  std::string digest =
+      pki::Sha256(command->batch_manifest().empty() ? command->body() : command->batch_manifest());
+  for (int i : which) {
+    *command->add_approvals() =
+        *pki::Sign(proto::ApproveSigningInput(digest), approvers[static_cast<std::size_t>(i)],
+                   "a" + std::to_string(i));
+  }
+}
+
+std::string DevPki::Manifest(const std::string& batch_id, const std::string& kind,
+                             const std::vector<std::pair<std::string, std::string>>& targets) {
+  bettercompute::agent::v1::BatchManifest manifest;
+  manifest.set_batch_id(batch_id);
+  manifest.set_kind(kind);
+  for (const auto& [node, command] : targets) {
+    auto* target = manifest.add_targets();
+    target->set_node_id(node);
+    target->set_command_id(command);
+  }
+  return manifest.SerializeAsString();
 }
 
 }  // namespace bcd::testing

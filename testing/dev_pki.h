@@ -55,10 +55,20 @@ class DevPki {
   // The trust bundle of this PKI at `version`, signed by the JoinService key; with the
   // command-signing root, so command signing is on.
   bettercompute::agent::v1::SignedTrustBundle SignedBundle(uint64_t version) const;
-  // The same bundle with an approver set: `approvers` as kids a0, a1, ... at `epoch`.
+  // The same bundle with an approver set: `approvers` as kids a0, a1, ... at `epoch`, with
+  // quorum tiers as (min_targets, threshold).
   bettercompute::agent::v1::SignedTrustBundle SignedBundleWithApprovers(
       uint64_t version, const std::vector<pki::PrivateKey>& approvers, uint32_t threshold,
-      uint64_t epoch, uint32_t unbatched_per_hour = 0) const;
+      uint64_t epoch, uint32_t unbatched_per_hour = 0,
+      const std::vector<std::pair<uint32_t, uint32_t>>& tiers = {}) const;
+
+  // Adds the approval of `approvers[i]` (kid "a<i>") for each i in `which`: over sha256 of the
+  // batch manifest when the command carries one, else over sha256 of its body.
+  static void Approve(bettercompute::agent::v1::SignedCommand* command,
+                      const std::vector<pki::PrivateKey>& approvers, const std::vector<int>& which);
+  // The bytes of a batch manifest for `targets` as (node_id, command_id).
+  static std::string Manifest(const std::string& batch_id, const std::string& kind,
+                              const std::vector<std::pair<std::string, std::string>>& targets);
 
  private:
   DevPki() = default;

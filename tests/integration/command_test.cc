@@ -334,6 +334,128 @@ TEST_F(Commands, NodeRebootReportsThenRunsTheRebootCommandOnce) {
   EXPECT_EQ(text, "rebooted\n");
 }
 
+class Quorum : public Commands {
+ protected:
+  Quorum() {
+    for (int i = 0; i < 3; ++i) approvers_.push_back(*pki::PrivateKey::Generate());
+    // Two of three approve one command; a batch of 10 or more needs all three. One unbatched
+    // destructive command an hour.
+    v1::ServerFrame frame;
+    *frame.mutable_trust() = pki_.SignedBundleWithApprovers(2, approvers_, 2, 1, 1, {{10, 3}});
+    EXPECT_TRUE(gateway_->Push("n-1", frame));
+    EXPECT_TRUE(
+        daemon_->WaitUntil([](const SessionSnapshot& s) { return s.trust_version == 2; }, kWait));
+  }
+  v1::SignedCommand Reboot(const std::string& id, const std::vector<int>& approvals) {
+    v1::SignedCommand command = pki_.SignCommand(Make(id, "node.reboot"));
+    DevPki::Approve(&command, approvers_, approvals);
+    return command;
+  }
+  std::vector<pki::PrivateKey> approvers_;
+};
+
+TEST_F(Quorum, UnbatchedDestructiveCommandsNeedTheThresholdAndTheHourlyLimit) {
+  Send(Reboot("c-none", {}));
+  ExpectRejected("c-none", v1::COMMAND_CODE_QUORUM, "0 of 2 approvals needed");
+  Send(Reboot("c-one", {1}));
+  ExpectRejected("c-one", v1::COMMAND_CODE_QUORUM, "1 of 2 approvals needed");
+  Send(Reboot("c-twice", {1, 1}));
+  ExpectRejected("c-twice", v1::COMMAND_CODE_QUORUM, "two approvals by the same key \"a1\"");
+  v1::SignedCommand stolen = Reboot("c-stolen", {0, 1});
+  v1::Command other = Make("c-stolen", "node.reboot");
+  other.set_expires_at(other.expires_at() + 1);  // approvals were for another body
+  stolen.set_body(other.SerializeAsString());
+  *stolen.mutable_signature() = pki_.SignCommand(other).signature();
+  Send(stolen);
+  ExpectRejected("c-stolen", v1::COMMAND_CODE_BAD_SIGNATURE,
+                 "approval by \"a0\" does not verify: the signature does not verify");
+  Send(Reboot("c-ok", {0, 2}));
+  EXPECT_EQ(Updates("c-ok").back().state(), v1::COMMAND_STATE_SUCCEEDED);
+  Send(Reboot("c-next", {0, 1}));
+  ExpectRejected("c-next", v1::COMMAND_CODE_RATE_LIMITED,
+                 "1 unbatched destructive commands in the last hour, the limit is 1");
+  // The count outlives a restart.
+  Stop();
+  Start();
+  Send(Reboot("c-after", {0, 1}));
+  ExpectRejected("c-after", v1::COMMAND_CODE_RATE_LIMITED,
+                 "1 unbatched destructive commands in the last hour, the limit is 1");
+}
+
+TEST_F(Quorum, ABatchNeedsItsTiersThresholdAndAManifestNamingThisCommand) {
+  std::vector<std::pair<std::string, std::string>> targets;
+  for (int i = 0; i < 10; ++i)
+    targets.emplace_back("n-" + std::to_string(i), "c-b" + std::to_string(i));
+  auto batched = [&](const std::string& id, const std::vector<int>& approvals,
+                     const std::string& manifest) {
+    v1::Command command = Make(id, "node.reboot");
+    command.set_batch_id("b-1");
+    v1::SignedCommand signed_command = pki_.SignCommand(command);
+    signed_command.set_batch_manifest(manifest);
+    DevPki::Approve(&signed_command, approvers_, approvals);
+    return signed_command;
+  };
+  std::string manifest = DevPki::Manifest("b-1", "node.reboot", targets);
+  Send(batched("c-b1", {0, 1}, manifest));
+  ExpectRejected("c-b1", v1::COMMAND_CODE_QUORUM,
+                 "2 of 3 approvals needed for a batch of this size");
+  Send(batched("c-b2", {0, 1, 2}, manifest));
+  ExpectRejected("c-b2", v1::COMMAND_CODE_QUORUM,
+                 "batch manifest does not name node \"n-1\" with command \"c-b2\"");
+  Send(batched("c-b1", {0, 1, 2}, manifest));
+  // c-b1 was answered already (REJECTED): a redelivery gets that answer, even with approvals.
+  EXPECT_EQ(Updates("c-b1", 2).back().state(), v1::COMMAND_STATE_REJECTED);
+  targets[1].second = "c-b3";  // a new batch manifest, naming this node with c-b3
+  Send(batched("c-b3", {0, 1, 2}, DevPki::Manifest("b-1", "node.reboot", targets)));
+  EXPECT_EQ(Updates("c-b3").back().state(), v1::COMMAND_STATE_SUCCEEDED);
+  // Batched commands do not count against the unbatched hourly limit.
+  Send(Reboot("c-unbatched", {0, 1}));
+  EXPECT_EQ(Updates("c-unbatched").back().state(), v1::COMMAND_STATE_SUCCEEDED);
+}
+
+TEST_F(Commands, LanesTimeoutsCancelAndDuplicatesThroughASession) {
+  // journalctl stand-in: "slow.service" takes 3 s.
+  Script("journalctl", "if [ \"$5\" = slow.service ]; then sleep 3; fi; echo \"journal of $5\"");
+  testing::UploadSink sink;
+  auto logs = [&](const std::string& id, const std::string& unit, uint32_t timeout) {
+    v1::LogsCollectPayload payload;
+    payload.set_upload_url(sink.Url("/" + id));
+    payload.add_journal_units(unit);
+    v1::Command command = Make(id, "logs.collect");
+    command.set_payload(payload.SerializeAsString());
+    command.set_timeout_seconds(timeout);
+    return pki_.SignCommand(command);
+  };
+  Send(logs("c-slow", "slow.service", 0));
+  Send(logs("c-queued", "fast.service", 0));  // the bulk lane runs one at a time: it waits
+  Send(logs("c-slow", "other.service", 0));   // same id, different command
+  std::vector<v1::CommandUpdate> slow = Updates("c-slow");
+  ASSERT_EQ(slow.back().state(), v1::COMMAND_STATE_REJECTED);
+  EXPECT_EQ(slow.back().code(), v1::COMMAND_CODE_DUPLICATE);
+  EXPECT_EQ(slow.back().message(), "a different command with this id is in hand");
+  // A redelivery of the command in hand is not answered with that refusal.
+  Send(logs("c-slow", "slow.service", 0));
+  // Another lane is not held up by the bulk lane.
+  Send(pki_.SignCommand(Make("c-inv", "inventory.refresh")));
+  EXPECT_EQ(Updates("c-inv").back().state(), v1::COMMAND_STATE_SUCCEEDED);
+  v1::ServerFrame cancel;
+  cancel.mutable_cancel_command()->set_command_id("c-queued");
+  cancel.mutable_cancel_command()->set_reason("operator changed their mind");
+  ASSERT_TRUE(gateway_->Push("n-1", cancel));
+  std::vector<v1::CommandUpdate> queued = Updates("c-queued");
+  EXPECT_EQ(queued.back().state(), v1::COMMAND_STATE_CANCELLED);
+  EXPECT_EQ(queued.back().message(), "operator changed their mind");
+  EXPECT_EQ(queued.size(), 2u) << "ACCEPTED, then CANCELLED: it never ran";
+  // The slow one finishes (its first terminal update: the DUPLICATE rejection was about the other).
+  slow = Updates("c-slow", 2);
+  EXPECT_EQ(slow.back().state(), v1::COMMAND_STATE_SUCCEEDED);
+  // A timeout counts from when the command runs, and stops it.
+  Send(logs("c-late", "slow.service", 1));
+  std::vector<v1::CommandUpdate> late = Updates("c-late");
+  EXPECT_EQ(late.back().state(), v1::COMMAND_STATE_TIMED_OUT);
+  EXPECT_EQ(late.back().message(), "the command ran past its timeout");
+}
+
 v1::NodeSpec Spec(uint64_t generation, const std::string& node_id = "n-1") {
   v1::NodeSpec spec;
   spec.set_generation(generation);
