@@ -117,7 +117,7 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
           log->Warn("trust.persist_failed", {{"error", std::string(ToStd(s.message()))}});
         }
       }};
-  absl::StatusOr<Outbox> outbox = Outbox::Open(dir.path());
+  absl::StatusOr<Outbox> outbox = Outbox::Open(dir.path(), {.max_entries = env.outbox_max_entries});
   if (!outbox.ok()) return outbox.status();
   daemon->outbox_ = std::make_unique<Outbox>(*std::move(outbox));
   NodeDaemon* self = daemon.get();

@@ -28,6 +28,7 @@ struct NodeDaemonEnv {
   std::chrono::milliseconds status_interval = std::chrono::minutes(5);
   std::chrono::milliseconds keepalive_time = std::chrono::seconds(20);
   std::chrono::milliseconds keepalive_timeout = std::chrono::seconds(20);
+  std::size_t outbox_max_entries = 100000;
   // Programs logs.collect runs (tests point them at scripts).
   std::string journalctl = "journalctl";
   std::string dmesg = "dmesg";

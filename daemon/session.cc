@@ -69,8 +69,11 @@ absl::Status SessionEngine::Enqueue(v1::AgentFrame frame, const std::function<vo
       if (absl::StatusOr<v1::AgentFrame> sent = outbox_->Append(std::move(notice)); sent.ok()) {
         log_->Error("outbox.full", {{"pending", std::to_string(outbox_->pending().size())}});
         if (live_ != nullptr) live_->Write(*sent);
+        std::lock_guard<std::mutex> snapshot_lock(mu_);
+        snapshot_.outbox_pending = outbox_->pending().size();
       }
     }
+    cv_.notify_all();
     return stored.status();
   }
   if (live_ != nullptr) live_->Write(*stored);

@@ -413,8 +413,27 @@ void DevGateway::DropSessions() {
 }
 
 void DevGateway::WithholdAcks(bool withhold) {
-  std::lock_guard<std::mutex> lock(state_->mu);
-  state_->withhold_acks = withhold;
+  std::map<std::string, uint64_t> highest;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->withhold_acks = withhold;
+    if (withhold) return;
+    for (const auto& [node, session] : state_->open) {
+      for (const v1::AgentFrame& frame : state_->received[node]) {
+        uint64_t seq = frame.has_event()            ? frame.event().seq()
+                       : frame.has_command_update() ? frame.command_update().seq()
+                                                    : 0;
+        highest[node] = std::max(highest[node], seq);
+      }
+    }
+  }
+  // Acks resume with one covering everything received while they were withheld.
+  for (const auto& [node, seq] : highest) {
+    if (seq == 0) continue;
+    v1::ServerFrame ack;
+    ack.mutable_ack()->set_up_to_seq(seq);
+    Push(node, ack);
+  }
 }
 
 int DevGateway::renewals() const {

@@ -77,7 +77,8 @@ class DevGateway {
   void DropSessions();
   // Whether each of the last sessions ended cleanly (the daemon half-closed).
   int clean_ends() const;
-  // Command updates and events are acknowledged as they arrive, unless withheld.
+  // Command updates and events are acknowledged as they arrive, unless withheld; resuming sends
+  // one Ack covering what arrived meanwhile.
   void WithholdAcks(bool withhold);
   // Renewals granted so far.
   int renewals() const;

@@ -67,6 +67,7 @@ class Commands : public ::testing::Test {
                                    .now = [] { return static_cast<int64_t>(std::time(nullptr)); },
                                    .uniform01 = [] { return 0.01; },
                                    .log = &log_,
+                                   .outbox_max_entries = outbox_max_entries_,
                                    .journalctl = (dir_.path() / "journalctl").string(),
                                    .dmesg = (dir_.path() / "dmesg").string()});
     runner_ = std::thread([this] { (void)daemon_->Run(); });
@@ -131,6 +132,7 @@ class Commands : public ::testing::Test {
   std::ostringstream log_text_;
   Logger log_{&log_text_, LogLevel::kInfo};
   std::unique_ptr<Config> config_;
+  std::size_t outbox_max_entries_ = 100000;
   std::unique_ptr<NodeDaemon> daemon_;
   std::thread runner_;
 };
@@ -332,6 +334,40 @@ TEST_F(Commands, NodeRebootReportsThenRunsTheRebootCommandOnce) {
   std::ifstream in(mark);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_EQ(text, "rebooted\n");
+}
+
+TEST_F(Commands, AFullOutboxSaysSoOnceAndResultsAreStillRemembered) {
+  Stop();
+  outbox_max_entries_ = 6;
+  gateway_->WithholdAcks(true);
+  Start();
+  for (int i = 0; i < 3; ++i) {
+    Send(pki_.SignCommand(Make("c-" + std::to_string(i), "inventory.refresh")));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(
+      daemon_->WaitUntil([](const SessionSnapshot& s) { return s.outbox_pending == 6; }, kWait))
+      << daemon_->Snapshot().outbox_pending;
+  int full = 0, updates = 0;
+  for (const auto& frame : gateway_->Received("n-1")) {
+    if (frame.has_event() && frame.event().kind() == "outbox.full") {
+      ++full;
+      EXPECT_EQ(frame.event().message(),
+                "the outbox is full: 5 entries wait for the gateway's Ack: updates and events "
+                "after this one are lost until it drains");
+    }
+    updates += frame.has_command_update();
+  }
+  EXPECT_EQ(full, 1);
+  EXPECT_EQ(updates, 5);
+  // What could not be sent is still the command's result: a redelivery is answered from it.
+  gateway_->WithholdAcks(false);
+  ASSERT_TRUE(
+      daemon_->WaitUntil([](const SessionSnapshot& s) { return s.outbox_pending == 0; }, kWait));
+  Send(pki_.SignCommand(Make("c-2", "inventory.refresh")));
+  std::vector<v1::CommandUpdate> c2 = Updates("c-2");
+  ASSERT_FALSE(c2.empty());
+  EXPECT_EQ(c2.back().state(), v1::COMMAND_STATE_SUCCEEDED);
 }
 
 class Quorum : public Commands {
