@@ -1,10 +1,16 @@
 // bcd-dev: the dev stack from a shell.
 //
 //   bcd-dev up [--dir DIR] [--seconds N] [--protocol MIN..MAX] [--bcd PATH]
+//   bcd-dev run KIND [JSON] [--dir DIR]
+//   bcd-dev spec JSON [--dir DIR]
 //
-// Starts the dev gateway on loopback with a fresh dev PKI, joins a `bcd node` to it with a one-time
-// token, runs the node in the foreground (its log lines on stderr) and prints what the gateway
-// sees, until Ctrl-C or N seconds; then stops the node with SIGTERM and prints `bcd status`.
+// `up` starts the dev gateway on loopback with a fresh dev PKI, joins a `bcd node` to it with a
+// one-time token, hands it the dev approver set, runs the node in the foreground (its log lines on
+// stderr) and prints what the gateway sees, until Ctrl-C or N seconds; then stops the node with
+// SIGTERM and prints `bcd status`. While it runs, `run` signs a command of KIND with the JSON
+// payload (approved by the dev approvers when the kind needs a quorum), sends it to the node and
+// prints its updates and result; `spec` signs and sends desired state and prints the SpecAck.
+// Both find the running stack through DIR/dev.sock; DIR defaults to the last `up`'s.
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -18,7 +24,9 @@
 #include <vector>
 
 #include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
 #include "testing/child_process.h"
+#include "testing/dev_control.h"
 #include "testing/dev_gateway.h"
 #include "transport/tls.h"
 
@@ -39,14 +47,77 @@ std::string Json(const google::protobuf::Message& message) {
 
 int Usage() {
   std::fprintf(stderr,
-               "usage: bcd-dev up [--dir DIR] [--seconds N] [--protocol MIN..MAX] [--bcd PATH]\n");
+               "usage: bcd-dev up [--dir DIR] [--seconds N] [--protocol MIN..MAX] [--bcd PATH]\n"
+               "       bcd-dev run KIND [JSON] [--dir DIR]\n"
+               "       bcd-dev spec JSON [--dir DIR]\n");
   return 2;
+}
+
+// Where `up` records its directory for `run` and `spec`.
+std::filesystem::path CurrentFile() {
+  const char* runtime = std::getenv("XDG_RUNTIME_DIR");
+  return std::filesystem::path(runtime != nullptr && *runtime != '\0' ? runtime : "/tmp") /
+         "bcd-dev.current";
+}
+
+// bcd-dev run / spec: one request to the running stack; exit 0 when the command succeeded or the
+// spec was applied.
+int Ask(const std::vector<std::string>& args) {
+  std::vector<std::string> positional;
+  std::string dir;
+  for (std::size_t i = 1; i < args.size(); ++i) {
+    if (args[i] == "--dir") {
+      if (i + 1 >= args.size()) return Usage();
+      dir = args[++i];
+    } else {
+      positional.push_back(args[i]);
+    }
+  }
+  nlohmann::json request;
+  if (args[0] == "run" && (positional.size() == 1 || positional.size() == 2)) {
+    request = {{"op", "run"}, {"kind", positional[0]}};
+    if (positional.size() == 2) {
+      request["payload"] = nlohmann::json::parse(positional[1], nullptr, false);
+      if (request["payload"].is_discarded())
+        return std::fprintf(stderr, "bcd-dev: the payload is not JSON\n"), 2;
+    }
+  } else if (args[0] == "spec" && positional.size() == 1) {
+    request = {{"op", "spec"}, {"spec", nlohmann::json::parse(positional[0], nullptr, false)}};
+    if (request["spec"].is_discarded())
+      return std::fprintf(stderr, "bcd-dev: the spec is not JSON\n"), 2;
+  } else {
+    return Usage();
+  }
+  if (dir.empty()) {
+    std::ifstream current(CurrentFile());
+    std::getline(current, dir);
+    if (dir.empty()) {
+      return std::fprintf(stderr, "bcd-dev: no running stack found (%s); pass --dir DIR\n",
+                          CurrentFile().c_str()),
+             1;
+    }
+  }
+  absl::StatusOr<std::string> answer =
+      bcd::testing::AskDevControl(std::filesystem::path(dir) / "dev.sock", request.dump());
+  if (!answer.ok())
+    return std::fprintf(stderr, "bcd-dev: %s\n", std::string(answer.status().message()).c_str()), 1;
+  nlohmann::json reply = nlohmann::json::parse(*answer, nullptr, false);
+  if (!reply.is_object() || !reply.value("ok", false)) {
+    std::string error = reply.is_object() ? reply.value("error", *answer) : *answer;
+    return std::fprintf(stderr, "bcd-dev: %s\n", error.c_str()), 1;
+  }
+  std::printf("%s\n", reply["answer"].dump(2).c_str());
+  const nlohmann::json& outcome = reply["answer"];
+  bool good = outcome.value("state", "") == "COMMAND_STATE_SUCCEEDED" ||
+              outcome.value("state", "") == "SPEC_ACK_STATE_APPLIED";
+  return good ? 0 : 1;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  if (!args.empty() && (args[0] == "run" || args[0] == "spec")) return Ask(args);
   if (args.empty() || args[0] != "up") return Usage();
   std::string dir, protocol = "1..1", bcd = BCD_DEFAULT_BINARY;
   int seconds = 0;
@@ -86,7 +157,9 @@ int main(int argc, char** argv) {
   std::ofstream(config) << "gateway_url = \"https://127.0.0.1:" << (*gateway)->port() << "\"\n"
                         << "gateway_server_name = \"" << DevPki::kGatewayName << "\"\n"
                         << "gateway_ca_spki_sha256 = \"" << pki->ServingCaPinHex() << "\"\n"
-                        << "state_dir = \"" << dir << "/state\"\n";
+                        << "state_dir = \"" << dir << "/state\"\n"
+                        << "[node]\n"
+                        << "reboot_command = [\"/bin/true\"]  # the dev stack never reboots\n";
   std::printf("dev gateway: %s (protocol %s), serving CA pin %s\n", (*gateway)->target().c_str(),
               protocol.c_str(), pki->ServingCaPinHex().c_str());
   std::printf("config: %s\n\n$ bcd join --token ... --config %s\n", config.c_str(), config.c_str());
@@ -98,6 +171,13 @@ int main(int argc, char** argv) {
   std::printf("\n$ bcd node --config %s\n", config.c_str());
   std::fflush(stdout);
   pid_t node = SpawnChild({bcd, "node", "--config", config});
+  bcd::testing::DevControlPlane control(&*pki, gateway->get());
+  if (absl::Status s = control.Serve(std::filesystem::path(dir) / "dev.sock", "dev-node-1");
+      !s.ok()) {
+    std::fprintf(stderr, "bcd-dev: %s\n", std::string(s.message()).c_str());
+  }
+  std::ofstream(CurrentFile()) << dir << "\n";
+  bool trusted = false;
   std::size_t shown = 0;
   bool welcomed = false;
   timespec tick{0, 200 * 1000 * 1000};
@@ -113,6 +193,16 @@ int main(int argc, char** argv) {
       welcomed = true;
       std::printf("gateway: Hello from dev-node-1 %s\n",
                   Json(*(*gateway)->LastHello("dev-node-1")).c_str());
+    }
+    if (welcomed && !trusted) {
+      // The control plane's approver set: destructive kinds need 2 of 3 approvals from now on.
+      bettercompute::agent::v1::ServerFrame frame;
+      *frame.mutable_trust() = control.ApproverBundle();
+      trusted = (*gateway)->Push("dev-node-1", frame);
+      if (trusted) {
+        std::printf("gateway: sent trust bundle 2 with the dev approver set (2 of 3)\n");
+        std::printf("\nready: bcd-dev run inventory.refresh   (in another shell)\n\n");
+      }
     }
     auto frames = (*gateway)->Received("dev-node-1");
     for (; shown < frames.size(); ++shown)

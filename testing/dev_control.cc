@@ -1,0 +1,244 @@
+#include "testing/dev_control.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "fmt/format.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/dynamic_message.h"
+#include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
+#include "proto/absl_compat.h"
+#include "proto/kinds.h"
+
+namespace bcd::testing {
+
+namespace v1 = bettercompute::agent::v1;
+using json = nlohmann::json;
+
+namespace {
+
+std::string ToJson(const google::protobuf::Message& message) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
+  return out;
+}
+
+std::unique_ptr<google::protobuf::Message> NewMessage(std::string_view type) {
+  const google::protobuf::Descriptor* descriptor =
+      google::protobuf::DescriptorPool::generated_pool()->FindMessageTypeByName(std::string(type));
+  if (descriptor == nullptr) return nullptr;
+  return std::unique_ptr<google::protobuf::Message>(
+      google::protobuf::MessageFactory::generated_factory()->GetPrototype(descriptor)->New());
+}
+
+bool Terminal(v1::CommandState state) {
+  return state != v1::COMMAND_STATE_ACCEPTED && state != v1::COMMAND_STATE_RUNNING &&
+         state != v1::COMMAND_STATE_UNSPECIFIED;
+}
+
+}  // namespace
+
+DevControlPlane::DevControlPlane(const DevPki* pki, DevGateway* gateway)
+    : pki_(pki), gateway_(gateway) {
+  for (int i = 0; i < 3; ++i) approvers_.push_back(*pki::PrivateKey::Generate());
+}
+
+DevControlPlane::~DevControlPlane() {
+  stopping_ = true;
+  if (thread_.joinable()) thread_.join();
+  if (listen_fd_ >= 0) close(listen_fd_);
+}
+
+v1::SignedTrustBundle DevControlPlane::ApproverBundle() const {
+  return pki_->SignedBundleWithApprovers(2, approvers_, 2, 1, 10);
+}
+
+absl::StatusOr<std::string> DevControlPlane::Run(const std::string& node, const std::string& kind,
+                                                 const std::string& payload_json,
+                                                 std::chrono::milliseconds timeout) {
+  const proto::KindSpec* spec = proto::FindKind(kind);
+  if (spec == nullptr) return absl::InvalidArgumentError(fmt::format("unknown kind \"{}\"", kind));
+  std::unique_ptr<google::protobuf::Message> payload = NewMessage(spec->payload_type);
+  if (auto s = google::protobuf::util::JsonStringToMessage(
+          payload_json.empty() ? "{}" : payload_json, payload.get());
+      !s.ok()) {
+    return absl::InvalidArgumentError(
+        fmt::format("payload for {} ({}): {}", kind, spec->payload_type, std::string(s.message())));
+  }
+  v1::Command command;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    command.set_command_id(fmt::format("dev-{}-{}", std::time(nullptr), next_command_++));
+  }
+  command.set_node_id(node);
+  command.set_kind(kind);
+  command.set_payload(payload->SerializeAsString());
+  auto now = static_cast<uint64_t>(std::time(nullptr));
+  command.set_issued_at(now);
+  command.set_expires_at(now + 600);
+  v1::SignedCommand signed_command = pki_->SignCommand(command);
+  if (spec->Has(proto::kQuorum)) DevPki::Approve(&signed_command, approvers_, {0, 1});
+  v1::ServerFrame frame;
+  *frame.mutable_command() = signed_command;
+  if (!gateway_->Push(node, frame)) {
+    return absl::UnavailableError(fmt::format("node {} has no open session", node));
+  }
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    json updates = json::array();
+    std::optional<v1::CommandUpdate> last;
+    for (const v1::AgentFrame& received : gateway_->Received(node)) {
+      if (!received.has_command_update() ||
+          received.command_update().command_id() != command.command_id()) {
+        continue;
+      }
+      v1::CommandUpdate update = received.command_update();
+      update.clear_result();  // shown decoded below
+      updates.push_back(json::parse(ToJson(update)));
+      last = received.command_update();
+    }
+    if (last && Terminal(last->state())) {
+      json answer = {{"command_id", command.command_id()},
+                     {"state", v1::CommandState_Name(last->state())},
+                     {"updates", updates}};
+      if (last->code() != v1::COMMAND_CODE_UNSPECIFIED)
+        answer["code"] = v1::CommandCode_Name(last->code());
+      if (!last->message().empty()) answer["message"] = last->message();
+      if (std::unique_ptr<google::protobuf::Message> result = NewMessage(spec->result_type);
+          result && !last->result().empty() && result->ParseFromString(last->result())) {
+        answer["result"] = json::parse(ToJson(*result));
+      }
+      return answer.dump(2);
+    }
+    gateway_->WaitForReceived(node, gateway_->Received(node).size() + 1,
+                              std::chrono::milliseconds(100));
+  }
+  return absl::DeadlineExceededError(fmt::format("no result for {} ({}) within {} ms",
+                                                 command.command_id(), kind, timeout.count()));
+}
+
+absl::StatusOr<std::string> DevControlPlane::ApplySpec(const std::string& node,
+                                                       const std::string& spec_json,
+                                                       std::chrono::milliseconds timeout) {
+  v1::NodeSpec spec;
+  if (auto s = google::protobuf::util::JsonStringToMessage(spec_json, &spec); !s.ok()) {
+    return absl::InvalidArgumentError(fmt::format("spec: {}", std::string(s.message())));
+  }
+  if (spec.node_id().empty()) spec.set_node_id(node);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (spec.generation() == 0) spec.set_generation(next_generation_);
+    next_generation_ = std::max(next_generation_, spec.generation()) + 1;
+  }
+  std::size_t before = 0;
+  for (const v1::AgentFrame& frame : gateway_->Received(node)) before += frame.has_spec_ack();
+  v1::ServerFrame frame;
+  *frame.mutable_desired_state() = pki_->SignSpec(spec);
+  if (!gateway_->Push(node, frame)) {
+    return absl::UnavailableError(fmt::format("node {} has no open session", node));
+  }
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::size_t seen = 0;
+    for (const v1::AgentFrame& received : gateway_->Received(node)) {
+      if (received.has_spec_ack() && ++seen > before) return ToJson(received.spec_ack());
+    }
+    gateway_->WaitForReceived(node, gateway_->Received(node).size() + 1,
+                              std::chrono::milliseconds(100));
+  }
+  return absl::DeadlineExceededError("no SpecAck came");
+}
+
+std::string DevControlPlane::Handle(const std::string& text, const std::string& node) {
+  json request = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<std::string> answer = absl::InvalidArgumentError("not a JSON request");
+  if (request.is_object() && request.value("op", "") == "run" && request["kind"].is_string()) {
+    std::string payload = request.contains("payload") ? request["payload"].dump() : "{}";
+    answer = Run(node, request["kind"].get<std::string>(), payload, std::chrono::minutes(15));
+  } else if (request.is_object() && request.value("op", "") == "spec" && request.contains("spec")) {
+    answer = ApplySpec(node, request["spec"].dump(), std::chrono::seconds(30));
+  }
+  if (!answer.ok()) return json{{"ok", false}, {"error", ToStd(answer.status().message())}}.dump();
+  return json{{"ok", true}, {"answer", json::parse(*answer)}}.dump(2);
+}
+
+absl::Status DevControlPlane::Serve(const std::filesystem::path& socket_path,
+                                    const std::string& node) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket_path.string().size() >= sizeof addr.sun_path)
+    return absl::InvalidArgumentError("socket path too long");
+  std::strcpy(addr.sun_path, socket_path.c_str());
+  std::filesystem::remove(socket_path);
+  listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  mode_t old = umask(0177);
+  int rc = bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  umask(old);
+  if (rc != 0 || listen(listen_fd_, 4) != 0) {
+    return absl::InternalError(fmt::format("{}: {}", socket_path.string(), std::strerror(errno)));
+  }
+  thread_ = std::thread([this, node] { Loop(node); });
+  return absl::OkStatus();
+}
+
+void DevControlPlane::Loop(std::string node) {
+  while (!stopping_) {
+    pollfd pfd{listen_fd_, POLLIN, 0};
+    if (poll(&pfd, 1, 100) <= 0) continue;
+    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    std::string request;
+    char buffer[4096];
+    ssize_t n;
+    while ((n = read(fd, buffer, sizeof buffer)) > 0) {
+      request.append(buffer, static_cast<std::size_t>(n));
+      if (request.size() > (1 << 20)) break;
+    }
+    std::string answer = Handle(request, node) + "\n";
+    for (std::size_t done = 0; done < answer.size();) {
+      ssize_t w = write(fd, answer.data() + done, answer.size() - done);
+      if (w <= 0) break;
+      done += static_cast<std::size_t>(w);
+    }
+    close(fd);
+  }
+}
+
+absl::StatusOr<std::string> AskDevControl(const std::filesystem::path& socket_path,
+                                          const std::string& request) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket_path.string().size() >= sizeof addr.sun_path)
+    return absl::InvalidArgumentError("socket path too long");
+  std::strcpy(addr.sun_path, socket_path.c_str());
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    close(fd);
+    return absl::UnavailableError(
+        fmt::format("{}: {} (is bcd-dev up running?)", socket_path.string(), std::strerror(errno)));
+  }
+  for (std::size_t done = 0; done < request.size();) {
+    ssize_t w = write(fd, request.data() + done, request.size() - done);
+    if (w <= 0) break;
+    done += static_cast<std::size_t>(w);
+  }
+  shutdown(fd, SHUT_WR);
+  std::string answer;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = read(fd, buffer, sizeof buffer)) > 0)
+    answer.append(buffer, static_cast<std::size_t>(n));
+  close(fd);
+  return answer;
+}
+
+}  // namespace bcd::testing

@@ -1,0 +1,71 @@
+#pragma once
+
+// What a control plane does with a node, for the dev stack: turn a kind and a JSON payload into a
+// signed command (approved by the dev approvers when the kind needs a quorum), push it, and wait
+// for its terminal update; sign and push desired state; answer over a unix socket so that
+// `bcd-dev run` and `bcd-dev spec` work against a running `bcd-dev up`.
+//
+// Thread-safe.
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "pki/keys.h"
+#include "testing/dev_gateway.h"
+#include "testing/dev_pki.h"
+
+namespace bcd::testing {
+
+class DevControlPlane {
+ public:
+  DevControlPlane(const DevPki* pki, DevGateway* gateway);
+  ~DevControlPlane();
+
+  // The trust bundle (version 2) with the dev approver set: 2 of 3 approvals, 10 unbatched
+  // destructive commands an hour.
+  bettercompute::agent::v1::SignedTrustBundle ApproverBundle() const;
+
+  // Runs `kind` with `payload_json` (the payload message in protobuf JSON) on `node`. The answer
+  // is JSON: {"command_id", "state", "code", "message", "updates": [...], "result": {...}}.
+  // InvalidArgument for an unknown kind or a payload that does not parse; DeadlineExceeded when
+  // no terminal update came within `timeout`.
+  absl::StatusOr<std::string> Run(const std::string& node, const std::string& kind,
+                                  const std::string& payload_json,
+                                  std::chrono::milliseconds timeout);
+  // Signs `spec_json` (a NodeSpec; node_id and generation default to the node and the next
+  // generation) and pushes it; answers with the SpecAck as JSON.
+  absl::StatusOr<std::string> ApplySpec(const std::string& node, const std::string& spec_json,
+                                        std::chrono::milliseconds timeout);
+
+  // Serves requests on a unix socket (0600) until destroyed. A request is one JSON object:
+  // {"op": "run", "kind": K, "payload": {...}} or {"op": "spec", "spec": {...}}; the answer is
+  // {"ok": true, "answer": {...}} or {"ok": false, "error": "..."}.
+  absl::Status Serve(const std::filesystem::path& socket, const std::string& node);
+
+ private:
+  void Loop(std::string node);
+  std::string Handle(const std::string& request, const std::string& node);
+
+  const DevPki* pki_;
+  DevGateway* gateway_;
+  std::vector<pki::PrivateKey> approvers_;
+  std::mutex mu_;
+  uint64_t next_command_ = 1;     // guarded by mu_
+  uint64_t next_generation_ = 1;  // guarded by mu_
+  int listen_fd_ = -1;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+// Sends one request to the socket of a running `bcd-dev up` and returns its answer.
+absl::StatusOr<std::string> AskDevControl(const std::filesystem::path& socket,
+                                          const std::string& request);
+
+}  // namespace bcd::testing

@@ -1,0 +1,85 @@
+// The dev stack from a shell, as the README shows it: `bcd-dev up` in the background, then
+// `bcd-dev run` and `bcd-dev spec` against it. Real processes, real sockets.
+
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "testing/child_process.h"
+#include "tests/unit/fake_root.h"
+
+namespace bcd {
+namespace {
+
+using bcd::testing::FakeRoot;
+
+struct Ran {
+  int status;
+  std::string out;
+};
+
+Ran RunTool(const std::string& command) {
+  Ran ran{0, ""};
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  char buffer[4096];
+  while (std::size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) ran.out.append(buffer, n);
+  int status = pclose(pipe);
+  ran.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  return ran;
+}
+
+TEST(DevStack, RunAndSpecAgainstARunningUp) {
+  FakeRoot dir;
+  std::string stack = (dir.path() / "stack").string();
+  setenv("XDG_RUNTIME_DIR", dir.path().c_str(), 1);  // where up says it runs: not the user's
+  pid_t up = bcd::testing::SpawnChild(
+      {BCD_DEV_BINARY, "up", "--dir", stack, "--seconds", "120", "--bcd", BCD_BINARY});
+  ASSERT_GT(up, 0);
+  std::string tool = std::string(BCD_DEV_BINARY);
+  // Ready once the node has taken the approver set (the first run would race it otherwise).
+  Ran ready{1, ""};
+  for (int i = 0; i < 200 && ready.status != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (std::filesystem::exists(stack + "/dev.sock"))
+      ready = RunTool(tool + " run inventory.refresh --dir " + stack);
+  }
+  EXPECT_EQ(ready.status, 0) << ready.out;
+  EXPECT_NE(ready.out.find("\"state\": \"COMMAND_STATE_SUCCEEDED\""), std::string::npos);
+  EXPECT_NE(ready.out.find("\"collected_at\""), std::string::npos);
+
+  // node.reboot needs 2 of 3 approvals in the dev stack: bcd-dev approves as the control plane.
+  Ran reboot = RunTool(tool + " run node.reboot '{\"reason\": \"test\"}' --dir " + stack);
+  EXPECT_EQ(reboot.status, 0) << reboot.out;
+  EXPECT_NE(reboot.out.find("\"scheduled_at\""), std::string::npos) << reboot.out;
+
+  Ran spec = RunTool(tool + " spec '{\"daemon\": {\"log_level\": \"warn\"}}' --dir " + stack);
+  EXPECT_EQ(spec.status, 0) << spec.out;
+  EXPECT_NE(spec.out.find("SPEC_ACK_STATE_APPLIED"), std::string::npos) << spec.out;
+
+  Ran failed = RunTool(
+      tool + " run logs.collect '{\"upload_url\": \"http://example.com/x\"}' --dir " + stack);
+  EXPECT_EQ(failed.status, 1);
+  EXPECT_NE(failed.out.find("plain http is allowed only to a loopback address"), std::string::npos)
+      << failed.out;
+  Ran unknown = RunTool(tool + " run disk.format --dir " + stack);
+  EXPECT_EQ(unknown.status, 1);
+  EXPECT_EQ(unknown.out, "bcd-dev: unknown kind \"disk.format\"\n");
+
+  // Without --dir, run finds the stack up recorded.
+  Ran found = RunTool(tool + " run inventory.refresh");
+  EXPECT_EQ(found.status, 0) << found.out;
+
+  kill(up, SIGTERM);
+  EXPECT_EQ(bcd::testing::WaitChild(up), 0);
+  Ran gone = RunTool(tool + " run inventory.refresh --dir " + stack);
+  EXPECT_EQ(gone.status, 1);
+  EXPECT_NE(gone.out.find("is bcd-dev up running?"), std::string::npos) << gone.out;
+}
+
+}  // namespace
+}  // namespace bcd
