@@ -286,6 +286,7 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
                      : frame.has_command_update() ? frame.command_update().seq()
                                                   : 0;
       bool ack = false;
+      if (state_->options.on_frame) state_->options.on_frame(node, frame);
       {
         std::lock_guard<std::mutex> lock(state_->mu);
         state_->received[node].push_back(frame);

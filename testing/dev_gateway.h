@@ -34,6 +34,10 @@ struct DevGatewayOptions {
   std::string protocol = "1..1";       // the gateway's protocol range
   int64_t node_cert_lifetime = 86400;  // seconds
   std::function<int64_t()> now;        // unix seconds; defaults to the system clock
+  // Called with every frame a node sends after its Hello, on the session's thread, before the
+  // frame is acknowledged: a control plane records updates and events here before it acks them.
+  std::function<void(const std::string& node_id, const bettercompute::agent::v1::AgentFrame&)>
+      on_frame;
 };
 
 class DevGateway {
