@@ -37,7 +37,7 @@ class Url {
   const std::string& scheme() const { return scheme_; }
   const std::string& host() const { return host_; }  // IPv6 without brackets
   uint16_t port() const { return port_; }
-  const std::string& path() const { return path_; }  // "" or starting with '/'
+  const std::string& path() const { return path_; }    // "" or starting with '/'
   const std::string& query() const { return query_; }  // without the '?'
   // The request target: the path ("/" when empty) and the query.
   std::string target() const {

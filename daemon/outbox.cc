@@ -32,7 +32,17 @@ absl::StatusOr<Outbox> Outbox::Open(const std::filesystem::path& dir, OutboxLimi
   } else if (!absl::IsNotFound(acked.status())) {
     return acked.status();
   }
+  // The durable ack (written at compaction) is the floor of the numbering. The hint, written on
+  // every Ack without a sync, only spares resending what was acknowledged since: when a machine
+  // crash leaves it unreadable or behind, those entries go again and the gateway drops them.
   uint64_t highest = outbox.last_acked_;
+  if (absl::StatusOr<std::string> hint = pki::ReadWholeFile(dir / "outbox.acked.hint", 64);
+      hint.ok()) {
+    uint64_t value = 0;
+    auto [end, ec] = std::from_chars(hint->data(), hint->data() + hint->size(), value);
+    if (ec == std::errc() && end == hint->data() + hint->size())
+      outbox.last_acked_ = std::max(outbox.last_acked_, value);
+  }
   for (std::size_t i = 0; i < records.size(); ++i) {
     v1::AgentFrame frame;
     if (absl::Status s = proto::DecodeMessage(records[i], &frame); !s.ok() || SeqOf(frame) == 0) {
@@ -40,7 +50,10 @@ absl::StatusOr<Outbox> Outbox::Open(const std::filesystem::path& dir, OutboxLimi
           fmt::format("{}: record {} is not an outbox frame", (dir / "outbox.log").string(), i));
     }
     highest = std::max(highest, SeqOf(frame));
-    if (SeqOf(frame) > outbox.last_acked_) outbox.pending_.push_back(std::move(frame));
+    if (SeqOf(frame) > outbox.last_acked_) {
+      outbox.pending_bytes_ += records[i].size() + 8;
+      outbox.pending_.push_back(std::move(frame));
+    }
   }
   outbox.next_seq_ = highest + 1;
   return outbox;
@@ -64,6 +77,7 @@ absl::StatusOr<v1::AgentFrame> Outbox::Append(v1::AgentFrame frame) {
   if (!bytes.ok()) return bytes.status();
   if (absl::Status s = log_.Append(*bytes); !s.ok()) return s;
   ++next_seq_;
+  pending_bytes_ += bytes->size() + 8;
   pending_.push_back(frame);
   return frame;
 }
@@ -72,19 +86,26 @@ absl::Status Outbox::Ack(uint64_t up_to_seq) {
   if (up_to_seq <= last_acked_) return absl::OkStatus();
   up_to_seq =
       std::min(up_to_seq, next_seq_ - 1);  // an Ack beyond what was sent covers what was sent
-  if (absl::Status s = pki::AtomicWriteFile(dir_ / "outbox.acked", std::to_string(up_to_seq), 0600);
+  last_acked_ = up_to_seq;
+  while (!pending_.empty() && SeqOf(pending_.front()) <= up_to_seq) {
+    pending_bytes_ -= pending_.front().ByteSizeLong() + 8;
+    pending_.pop_front();
+  }
+  // Every Ack is recorded as a hint without a sync: a machine crash may lose it, and the next start
+  // then sends those entries again, which the gateway drops by seq; two syncs per Ack would cost
+  // more than that. Compaction is when the ack must be durable: the log no longer holds the
+  // entries, and the numbering must never go back.
+  if (log_.bytes() < kCompactBytes || pending_bytes_ * 2 > log_.bytes()) {
+    return pki::ReplaceFileUnsynced(dir_ / "outbox.acked.hint", std::to_string(last_acked_), 0600);
+  }
+  if (absl::Status s =
+          pki::AtomicWriteFile(dir_ / "outbox.acked", std::to_string(last_acked_), 0600);
       !s.ok()) {
     return s;
   }
-  last_acked_ = up_to_seq;
-  while (!pending_.empty() && SeqOf(pending_.front()) <= up_to_seq) pending_.pop_front();
-  // Compact once the acknowledged part dominates the file.
-  if (pending_.empty() || log_.bytes() > 4 * 1024 * 1024) {
-    std::vector<std::string> keep;
-    for (const v1::AgentFrame& frame : pending_) keep.push_back(frame.SerializeAsString());
-    return log_.Rewrite(keep);
-  }
-  return absl::OkStatus();
+  std::vector<std::string> keep;
+  for (const v1::AgentFrame& frame : pending_) keep.push_back(frame.SerializeAsString());
+  return log_.Rewrite(keep);
 }
 
 }  // namespace bcd

@@ -32,8 +32,11 @@ class Outbox {
   // Gives `frame` (a command_update or an event) the next seq and persists it.
   absl::StatusOr<bettercompute::agent::v1::AgentFrame> Append(
       bettercompute::agent::v1::AgentFrame frame);
-  // Drops every entry with seq <= up_to_seq; persists the acknowledged seq.
+  // Drops every entry with seq <= up_to_seq. The log is compacted once it is over kCompactBytes
+  // and mostly acknowledged; only then is the acknowledged seq persisted. (Terminal updates'
+  // results are durable in the result store before an Ack can cover them: SessionEngine.)
   absl::Status Ack(uint64_t up_to_seq);
+  static constexpr uint64_t kCompactBytes = 1u << 20;
 
   const std::deque<bettercompute::agent::v1::AgentFrame>& pending() const { return pending_; }
   uint64_t last_acked() const { return last_acked_; }
@@ -49,6 +52,7 @@ class Outbox {
   std::deque<bettercompute::agent::v1::AgentFrame> pending_;
   uint64_t last_acked_ = 0;
   uint64_t next_seq_ = 1;
+  uint64_t pending_bytes_ = 0;  // framed bytes of pending_ in the log
 };
 
 // The seq of an outbox frame (command_update.seq or event.seq); 0 for any other frame.

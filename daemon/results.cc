@@ -108,7 +108,7 @@ absl::StatusOr<int> ResultStore::Reconcile(const std::deque<v1::AgentFrame>& pen
   for (const v1::AgentFrame& frame : pending) {
     if (!frame.has_command_update()) continue;
     const v1::CommandUpdate& update = frame.command_update();
-    if (!IsTerminal(update.state()) || !running_.contains(update.command_id())) continue;
+    if (!IsTerminal(update.state()) || terminal_.contains(update.command_id())) continue;
     if (absl::Status s = Remember(update, now); !s.ok()) return s;
     ++recorded;
   }

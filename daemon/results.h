@@ -34,9 +34,9 @@ class ResultStore {
 
   absl::Status MarkRunning(const std::string& command_id, const std::string& kind);
   absl::Status Remember(const bettercompute::agent::v1::CommandUpdate& terminal, int64_t now);
-  // Records the terminal updates in `pending` (the outbox after a restart) of commands still marked
-  // running: they finished and their update was in the outbox when the daemon stopped, before the
-  // result was recorded here. Returns how many it recorded.
+  // Records the terminal updates in `pending` (the outbox after a restart) of commands with no
+  // result here: they finished and their update reached the outbox when the daemon stopped, before
+  // the result was recorded here. Returns how many it recorded.
   absl::StatusOr<int> Reconcile(const std::deque<bettercompute::agent::v1::AgentFrame>& pending,
                                 int64_t now);
   // The per-node hourly limit on unbatched destructive commands (pki::HourlyLimit), persisted here

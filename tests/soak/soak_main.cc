@@ -56,6 +56,7 @@ struct Options {
   uint64_t seed = 0;
   std::string bcd = BCD_BINARY;
   bool keep = false;
+  int64_t issued_at = 0;  // one time for every command, so a redelivery is byte for byte the same
 };
 
 std::string CommandId(int i) { return "soak-" + std::to_string(i); }
@@ -114,7 +115,8 @@ uint64_t SeqOf(const v1::AgentFrame& frame) {
   (void)!write(ready_fd, hello.data(), hello.size());
   close(ready_fd);
 
-  // Push every command without a terminal result, a window at a time; on a new session, again.
+  // Push every command without a terminal result, a window at a time; on a new session, again,
+  // with the same bytes (ECDSA signatures differ each time; the body, which dedup compares, not).
   std::size_t sessions = 0;
   std::set<std::string> pushed;  // this session
   auto last_progress = Clock::now();
@@ -150,8 +152,8 @@ uint64_t SeqOf(const v1::AgentFrame& frame) {
       command.set_node_id(kNode);
       command.set_kind("logs.collect");
       command.set_payload(payload.SerializeAsString());
-      command.set_issued_at(static_cast<uint64_t>(std::time(nullptr)));
-      command.set_expires_at(static_cast<uint64_t>(std::time(nullptr)) + 3600);
+      command.set_issued_at(static_cast<uint64_t>(options.issued_at));
+      command.set_expires_at(static_cast<uint64_t>(options.issued_at) + 3600);
       v1::ServerFrame frame;
       *frame.mutable_command() = pki.SignCommand(command);
       if (!(*gateway)->Push(kNode, frame)) break;  // no session now
@@ -217,6 +219,7 @@ int Usage() {
 int main(int argc, char** argv) {
   Options options;
   options.seed = static_cast<uint64_t>(std::time(nullptr));
+  options.issued_at = std::time(nullptr);
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--keep") {
