@@ -1,6 +1,11 @@
 #include "daemon/outbox.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
+#include <cstring>
 
 #include "fmt/format.h"
 #include "pki/files.h"
@@ -9,6 +14,28 @@
 namespace bcd {
 
 namespace v1 = bettercompute::agent::v1;
+
+namespace {
+
+// Overwrites the hint in place, fixed width, without a sync: no rename, so no writeback of the
+// file on every Ack. A process crash keeps it (the page cache survives); a machine crash may tear
+// it, and an unreadable hint is ignored.
+absl::Status WriteHint(const std::filesystem::path& path, uint64_t value) {
+  std::string text = fmt::format("{:020}", value);
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::InternalError(
+        fmt::format("cannot open {}: {}", path.string(), std::strerror(errno)));
+  }
+  ssize_t n = pwrite(fd, text.data(), text.size(), 0);
+  close(fd);
+  if (n != static_cast<ssize_t>(text.size())) {
+    return absl::InternalError(fmt::format("cannot write {}", path.string()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 uint64_t SeqOf(const v1::AgentFrame& frame) {
   if (frame.has_command_update()) return frame.command_update().seq();
@@ -96,7 +123,7 @@ absl::Status Outbox::Ack(uint64_t up_to_seq) {
   // more than that. Compaction is when the ack must be durable: the log no longer holds the
   // entries, and the numbering must never go back.
   if (log_.bytes() < kCompactBytes || pending_bytes_ * 2 > log_.bytes()) {
-    return pki::ReplaceFileUnsynced(dir_ / "outbox.acked.hint", std::to_string(last_acked_), 0600);
+    return WriteHint(dir_ / "outbox.acked.hint", last_acked_);
   }
   if (absl::Status s =
           pki::AtomicWriteFile(dir_ / "outbox.acked", std::to_string(last_acked_), 0600);

@@ -22,22 +22,8 @@ absl::Status Errno(std::string_view what, const std::filesystem::path& path) {
 
 }  // namespace
 
-// Both writers: temp file, optional fsync, rename, optional fsync of the directory.
-absl::Status WriteAndRename(const std::filesystem::path& path, std::string_view data, mode_t mode,
-                            bool sync);
-
 absl::Status AtomicWriteFile(const std::filesystem::path& path, std::string_view data,
                              mode_t mode) {
-  return WriteAndRename(path, data, mode, /*sync=*/true);
-}
-
-absl::Status ReplaceFileUnsynced(const std::filesystem::path& path, std::string_view data,
-                                 mode_t mode) {
-  return WriteAndRename(path, data, mode, /*sync=*/false);
-}
-
-absl::Status WriteAndRename(const std::filesystem::path& path, std::string_view data, mode_t mode,
-                            bool sync) {
   std::filesystem::path dir = path.parent_path().empty() ? "." : path.parent_path();
   std::string temp = (dir / ("." + path.filename().string() + ".XXXXXX")).string();
   int fd = mkstemp(temp.data());
@@ -55,7 +41,7 @@ absl::Status WriteAndRename(const std::filesystem::path& path, std::string_view 
     if (n < 0) return fail("cannot write");
     written += static_cast<std::size_t>(n);
   }
-  if (sync && fsync(fd) != 0) return fail("cannot sync");
+  if (fsync(fd) != 0) return fail("cannot sync");
   if (close(fd) != 0) {
     absl::Status status = Errno("cannot close", temp);
     unlink(temp.c_str());
@@ -66,7 +52,6 @@ absl::Status WriteAndRename(const std::filesystem::path& path, std::string_view 
     unlink(temp.c_str());
     return status;
   }
-  if (!sync) return absl::OkStatus();
   int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir_fd < 0) return Errno("cannot open the directory of", path);
   int synced = fsync(dir_fd);

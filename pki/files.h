@@ -15,10 +15,6 @@ namespace bcd::pki {
 // Writes `data` to `path` atomically: a temp file in the same directory with `mode`, fsync, rename,
 // fsync of the directory. On any error the old file is untouched and the temp file removed.
 absl::Status AtomicWriteFile(const std::filesystem::path& path, std::string_view data, mode_t mode);
-// The same without either fsync: atomic against a crash of the process, not of the machine (which
-// may leave the old file, the new one, or an empty one). For hints that are safe to lose.
-absl::Status ReplaceFileUnsynced(const std::filesystem::path& path, std::string_view data,
-                                 mode_t mode);
 
 // The file's content; NotFound when it does not exist, an error when larger than `max_bytes`.
 absl::StatusOr<std::string> ReadWholeFile(const std::filesystem::path& path, std::size_t max_bytes);

@@ -462,15 +462,16 @@ TEST_F(Commands, LanesTimeoutsCancelAndDuplicatesThroughASession) {
     command.set_timeout_seconds(timeout);
     return pki_.SignCommand(command);
   };
-  Send(logs("c-slow", "slow.service", 0));
+  v1::SignedCommand slow_command = logs("c-slow", "slow.service", 0);
+  Send(slow_command);
   Send(logs("c-queued", "fast.service", 0));  // the bulk lane runs one at a time: it waits
   Send(logs("c-slow", "other.service", 0));   // same id, different command
   std::vector<v1::CommandUpdate> slow = Updates("c-slow");
   ASSERT_EQ(slow.back().state(), v1::COMMAND_STATE_REJECTED);
   EXPECT_EQ(slow.back().code(), v1::COMMAND_CODE_DUPLICATE);
   EXPECT_EQ(slow.back().message(), "a different command with this id is in hand");
-  // A redelivery of the command in hand is not answered with that refusal.
-  Send(logs("c-slow", "slow.service", 0));
+  // A redelivery of the command in hand (the same bytes) is not answered with that refusal.
+  Send(slow_command);
   // Another lane is not held up by the bulk lane.
   Send(pki_.SignCommand(Make("c-inv", "inventory.refresh")));
   EXPECT_EQ(Updates("c-inv").back().state(), v1::COMMAND_STATE_SUCCEEDED);
