@@ -119,5 +119,23 @@ TEST_F(WorkerChain, RefusesAnExpiredWorker) {
             "CN = worker-1: certificate has expired");
 }
 
+TEST_F(WorkerChain, ARememberedChainDecidesAsAFullVerificationWould) {
+  auto sig = *Sign(input_, worker_, "worker-1", {worker_cert_.Der()});
+  ASSERT_TRUE(VerifyWithChain(input_, sig, {root_}, now_).ok());  // remembered from here on
+  EXPECT_TRUE(VerifyWithChain(input_, sig, {root_}, now_ + 1).ok());
+  EXPECT_EQ(Message(VerifyWithChain(input_, sig, {root_}, worker_cert_.NotAfter() + 1)),
+            "CN = worker-1: certificate has expired");
+  EXPECT_EQ(Message(VerifyWithChain(input_, sig, {root_}, worker_cert_.NotBefore() - 1)),
+            "CN = worker-1: certificate is not yet valid");
+  Certificate other = *Certificate::FromPem(Cert("root.pem"));
+  EXPECT_EQ(Message(VerifyWithChain(input_, sig, {other}, now_)),
+            "CN = worker-1: unable to get local issuer certificate");
+  std::string another = proto::BodySigningInput(proto::Purpose::kCommand, "another command");
+  EXPECT_EQ(Message(VerifyWithChain(another, sig, {root_}, now_)), "the signature does not verify");
+  auto forged = *Sign(input_, *PrivateKey::Generate(), "worker-1", {worker_cert_.Der()});
+  EXPECT_EQ(Message(VerifyWithChain(input_, forged, {root_}, now_)),
+            "the signature does not verify");
+}
+
 }  // namespace
 }  // namespace bcd::pki
