@@ -217,6 +217,12 @@ void Dispatcher::Submit(const v1::SignedCommand& signed_command, const pki::Trus
                  {{"command_id", id}, {"error", std::string(ToStd(s.message()))}});
     }
     active_[id] = job;
+  }
+  // ACCEPTED goes out before the lane can see the job, so it always precedes RUNNING.
+  hooks_.update(Update(id, v1::COMMAND_STATE_ACCEPTED));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ || !job->cancel_reason.empty()) return;  // cancelled meanwhile: answered there
     std::unique_ptr<Lane>& lane = lanes_[kind->lane];
     if (!lane) {
       lane = std::make_unique<Lane>();
@@ -224,7 +230,6 @@ void Dispatcher::Submit(const v1::SignedCommand& signed_command, const pki::Trus
     }
     lane->queue.push_back(job);
   }
-  hooks_.update(Update(id, v1::COMMAND_STATE_ACCEPTED));
   cv_.notify_all();
 }
 
@@ -240,8 +245,8 @@ void Dispatcher::Cancel(const std::string& command_id, const std::string& reason
     job->stop = true;
     if (!job->running) {
       queued = true;
-      auto& queue = lanes_[job->kind->lane]->queue;
-      std::erase(queue, job);
+      if (auto lane = lanes_.find(job->kind->lane); lane != lanes_.end())
+        std::erase(lane->second->queue, job);
     }
   }
   if (queued) {

@@ -33,7 +33,8 @@ absl::Status Errno(std::string_view what, const std::filesystem::path& path) {
 }  // namespace
 
 absl::StatusOr<RecordLog> RecordLog::Open(const std::filesystem::path& path,
-                                          std::vector<std::string>* records) {
+                                          std::vector<std::string>* records,
+                                          std::vector<uint64_t>* offsets) {
   absl::StatusOr<std::string> data = pki::ReadWholeFile(path, 1u << 30);
   if (!data.ok() && !absl::IsNotFound(data.status())) return data.status();
   std::string bytes = data.ok() ? *data : "";
@@ -53,9 +54,10 @@ absl::StatusOr<RecordLog> RecordLog::Open(const std::filesystem::path& path,
       return absl::DataLossError(fmt::format("{}: damaged record at byte {}", path.string(), at));
     }
     records->push_back(std::move(record));
+    if (offsets != nullptr) offsets->push_back(at);
     at += 8 + length;
   }
-  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) return Errno("cannot open", path);
   if (ftruncate(fd, static_cast<off_t>(at)) != 0 || lseek(fd, 0, SEEK_END) < 0) {
     close(fd);
@@ -98,16 +100,48 @@ absl::Status RecordLog::Append(std::string_view record) {
   return absl::OkStatus();
 }
 
-absl::Status RecordLog::Rewrite(const std::vector<std::string>& records) {
+absl::Status RecordLog::Rewrite(const std::vector<std::string>& records,
+                                std::vector<uint64_t>* offsets) {
   std::string data;
-  for (const std::string& record : records) data += Frame(record);
+  for (const std::string& record : records) {
+    if (offsets != nullptr) offsets->push_back(data.size());
+    data += Frame(record);
+  }
   if (absl::Status s = pki::AtomicWriteFile(path_, data, 0600); !s.ok()) return s;
-  int fd = open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  int fd = open(path_.c_str(), O_RDWR | O_APPEND | O_CLOEXEC);
   if (fd < 0) return Errno("cannot reopen", path_);
   close(fd_);
   fd_ = fd;
   bytes_ = data.size();
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> RecordLog::Read(uint64_t offset) const {
+  auto read_exactly = [&](char* into, std::size_t size, uint64_t at) {
+    for (std::size_t done = 0; done < size;) {
+      ssize_t n = pread(fd_, into + done, size - done, static_cast<off_t>(at + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      done += static_cast<std::size_t>(n);
+    }
+    return true;
+  };
+  std::string header(8, '\0');
+  if (offset + 8 > bytes_ || !read_exactly(header.data(), 8, offset)) {
+    return absl::DataLossError(fmt::format("{}: no record at byte {}", path_.string(), offset));
+  }
+  uint32_t length = ReadU32(header, 0);
+  if (length > kMaxRecord || offset + 8 + length > bytes_) {
+    return absl::DataLossError(
+        fmt::format("{}: damaged record length at byte {}", path_.string(), offset));
+  }
+  std::string record(length, '\0');
+  if (!read_exactly(record.data(), length, offset + 8) ||
+      pki::Sha256(record).substr(0, 4) != header.substr(4, 4)) {
+    return absl::DataLossError(
+        fmt::format("{}: damaged record at byte {}", path_.string(), offset));
+  }
+  return record;
 }
 
 }  // namespace bcd

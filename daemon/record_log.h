@@ -18,16 +18,22 @@ class RecordLog {
  public:
   static constexpr std::size_t kMaxRecord = 4u << 20;
 
-  // Opens (creating, 0600) the log and returns it with the records it holds.
+  // Opens (creating, 0600) the log and returns it with the records it holds, and where each
+  // starts when `offsets` is given.
   static absl::StatusOr<RecordLog> Open(const std::filesystem::path& path,
-                                        std::vector<std::string>* records);
+                                        std::vector<std::string>* records,
+                                        std::vector<uint64_t>* offsets = nullptr);
   RecordLog(RecordLog&& other) noexcept;
   RecordLog& operator=(RecordLog&& other) noexcept;
   ~RecordLog();
 
   absl::Status Append(std::string_view record);
-  // Replaces the whole log with `records`, atomically.
-  absl::Status Rewrite(const std::vector<std::string>& records);
+  // Replaces the whole log with `records`, atomically; `offsets` gets where each now starts.
+  absl::Status Rewrite(const std::vector<std::string>& records,
+                       std::vector<uint64_t>* offsets = nullptr);
+  // The record that starts at `offset` (an offset from Open, Rewrite or bytes() before an
+  // Append), checked against its checksum. Thread-safe against nothing else running on the log.
+  absl::StatusOr<std::string> Read(uint64_t offset) const;
   uint64_t bytes() const { return bytes_; }
 
  private:

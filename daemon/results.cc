@@ -33,7 +33,8 @@ bool IsTerminal(v1::CommandState state) {
 
 absl::StatusOr<ResultStore> ResultStore::Open(const std::filesystem::path& dir, int64_t now) {
   std::vector<std::string> records;
-  absl::StatusOr<RecordLog> log = RecordLog::Open(dir / "results.log", &records);
+  std::vector<uint64_t> offsets;
+  absl::StatusOr<RecordLog> log = RecordLog::Open(dir / "results.log", &records, &offsets);
   if (!log.ok()) return log.status();
   ResultStore store(*std::move(log));
   store.records_ = records.size();
@@ -54,35 +55,78 @@ absl::StatusOr<ResultStore> ResultStore::Open(const std::filesystem::path& dir, 
           fmt::format("{}: record {} is not a command result", (dir / "results.log").string(), i));
     }
     store.running_.erase(update.command_id());
-    store.terminal_[update.command_id()] = {TimeOf(r), r.substr(9)};
+    store.Index(update.command_id(), {TimeOf(r), offsets[i]});
   }
   if (absl::Status s = store.Compact(now); !s.ok()) return s;
   return store;
 }
 
+const ResultStore::Entry* ResultStore::Find(const std::string& command_id) const {
+  if (auto it = overflow_.find(command_id); it != overflow_.end()) return &it->second;
+  auto it = terminal_.find(std::hash<std::string>()(command_id));
+  return it == terminal_.end() ? nullptr : &it->second;
+}
+
+void ResultStore::Index(const std::string& command_id, Entry entry) {
+  if (auto it = overflow_.find(command_id); it != overflow_.end()) {
+    it->second = entry;
+    return;
+  }
+  auto [it, fresh] = terminal_.try_emplace(std::hash<std::string>()(command_id), entry);
+  if (fresh) return;
+  // The hash is taken: by this id (a newer result) or, very rarely, by another one.
+  absl::StatusOr<v1::CommandUpdate> held = ReadTerminal(it->second);
+  if (held.ok() && held->command_id() != command_id) {
+    overflow_[command_id] = entry;
+  } else {
+    it->second = entry;
+  }
+}
+
+absl::StatusOr<v1::CommandUpdate> ResultStore::ReadTerminal(const Entry& entry) const {
+  absl::StatusOr<std::string> record = log_.Read(entry.offset);
+  if (!record.ok()) return record.status();
+  v1::CommandUpdate update;
+  if (record->size() < 9 || (*record)[0] != 'T' || !update.ParseFromString(record->substr(9))) {
+    return absl::DataLossError(fmt::format("results: no command result at byte {}", entry.offset));
+  }
+  return update;
+}
+
 absl::Status ResultStore::Compact(int64_t now) {
-  std::erase_if(terminal_,
-                [&](const auto& entry) { return entry.second.first + kKeepSeconds < now; });
-  std::size_t live = running_.size() + terminal_.size() + hourly_.taken().size();
+  auto expired = [&](const auto& item) { return item.second.time + kKeepSeconds < now; };
+  absl::erase_if(terminal_, expired);
+  std::erase_if(overflow_, expired);
+  std::size_t live = running_.size() + size() + hourly_.taken().size();
   last_compacted_ = now;
   if (records_ <= live + live / 2 + 64) return absl::OkStatus();  // not worth a rewrite
   std::vector<std::string> keep;
   for (const auto& [id, kind] : running_) keep.push_back(RunningRecord(id, kind));
-  for (const auto& [id, entry] : terminal_)
-    keep.push_back(TimedRecord('T', entry.first, entry.second));
   for (int64_t at : hourly_.taken())
     if (at > now - 3600) keep.push_back(TimedRecord('H', at));
-  if (absl::Status s = log_.Rewrite(keep); !s.ok()) return s;
+  std::size_t first_terminal = keep.size();
+  std::vector<Entry*> entries;
+  for (auto& [hash, entry] : terminal_) entries.push_back(&entry);
+  for (auto& [id, entry] : overflow_) entries.push_back(&entry);
+  for (Entry* entry : entries) {
+    absl::StatusOr<std::string> record = log_.Read(entry->offset);
+    if (!record.ok()) return record.status();
+    keep.push_back(*std::move(record));
+  }
+  std::vector<uint64_t> offsets;
+  if (absl::Status s = log_.Rewrite(keep, &offsets); !s.ok()) return s;
+  for (std::size_t i = 0; i < entries.size(); ++i) entries[i]->offset = offsets[first_terminal + i];
   records_ = keep.size();
   return absl::OkStatus();
 }
 
 std::optional<v1::CommandUpdate> ResultStore::Terminal(const std::string& command_id) const {
-  auto it = terminal_.find(command_id);
-  if (it == terminal_.end()) return std::nullopt;
-  v1::CommandUpdate update;
-  if (!update.ParseFromString(it->second.second)) return std::nullopt;  // parsed when stored
-  return update;
+  const Entry* entry = Find(command_id);
+  if (entry == nullptr) return std::nullopt;
+  absl::StatusOr<v1::CommandUpdate> update = ReadTerminal(*entry);
+  // A result that cannot be read back is not an answer; the caller treats the id as new.
+  if (!update.ok() || update->command_id() != command_id) return std::nullopt;
+  return *std::move(update);
 }
 
 absl::Status ResultStore::MarkRunning(const std::string& command_id, const std::string& kind) {
@@ -93,11 +137,12 @@ absl::Status ResultStore::MarkRunning(const std::string& command_id, const std::
 }
 
 absl::Status ResultStore::Remember(const v1::CommandUpdate& terminal, int64_t now) {
-  std::string bytes = terminal.SerializeAsString();
-  if (absl::Status s = log_.Append(TimedRecord('T', now, bytes)); !s.ok()) return s;
+  uint64_t offset = log_.bytes();
+  if (absl::Status s = log_.Append(TimedRecord('T', now, terminal.SerializeAsString())); !s.ok())
+    return s;
   ++records_;
   running_.erase(terminal.command_id());
-  terminal_[terminal.command_id()] = {now, std::move(bytes)};
+  Index(terminal.command_id(), {now, offset});
   // Hourly, forget what is past its day while running, so a long-lived daemon stays bounded.
   if (now - last_compacted_ >= 3600) return Compact(now);
   return absl::OkStatus();
@@ -108,7 +153,7 @@ absl::StatusOr<int> ResultStore::Reconcile(const std::deque<v1::AgentFrame>& pen
   for (const v1::AgentFrame& frame : pending) {
     if (!frame.has_command_update()) continue;
     const v1::CommandUpdate& update = frame.command_update();
-    if (!IsTerminal(update.state()) || terminal_.contains(update.command_id())) continue;
+    if (!IsTerminal(update.state()) || Terminal(update.command_id())) continue;
     if (absl::Status s = Remember(update, now); !s.ok()) return s;
     ++recorded;
   }

@@ -2,7 +2,9 @@
 
 // What became of every command id: running, or its terminal update, remembered for at least 24 h
 // and persisted (record_log.h), so a redelivered command is answered from here and never runs
-// twice, and a restart can tell which commands it interrupted. Not thread-safe.
+// twice, and a restart can tell which commands it interrupted. Terminal updates stay on disk: in
+// memory each costs an index entry (a 64-bit hash of its id, its time and where its record
+// starts), read back when a redelivery asks. Not thread-safe.
 
 #include <chrono>
 #include <deque>
@@ -11,6 +13,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "bettercompute/agent/v1/commands.pb.h"
 #include "bettercompute/agent/v1/session.pb.h"
@@ -42,7 +45,7 @@ class ResultStore {
   // The per-node hourly limit on unbatched destructive commands (pki::HourlyLimit), persisted here
   // so a restart does not reset the count.
   absl::Status TakeHourly(int64_t now, uint32_t per_hour);
-  std::size_t size() const { return terminal_.size(); }
+  std::size_t size() const { return terminal_.size() + overflow_.size(); }
 
  private:
   explicit ResultStore(RecordLog log) : log_(std::move(log)) {}
@@ -51,8 +54,17 @@ class ResultStore {
   absl::Status Compact(int64_t now);
   RecordLog log_;
   std::map<std::string, std::string> running_;  // id -> kind
-  // id -> (time recorded, serialized terminal CommandUpdate); kept as bytes, which is smaller.
-  std::map<std::string, std::pair<int64_t, std::string>> terminal_;
+  struct Entry {
+    int64_t time;     // when it was recorded
+    uint64_t offset;  // of its record in the log
+  };
+  // The entry of `command_id`, from the index or (for the rare ids whose hash another id took
+  // first) the overflow map.
+  const Entry* Find(const std::string& command_id) const;
+  void Index(const std::string& command_id, Entry entry);
+  absl::StatusOr<bettercompute::agent::v1::CommandUpdate> ReadTerminal(const Entry& entry) const;
+  absl::flat_hash_map<uint64_t, Entry> terminal_;  // by hash of the command id
+  std::map<std::string, Entry> overflow_;          // ids whose hash was taken by another id
   pki::HourlyLimit hourly_;
   std::size_t records_ = 0;  // records in the log, to know when compaction pays
   int64_t last_compacted_ = 0;

@@ -64,6 +64,9 @@ class DispatcherTest : public ::testing::Test {
         proto::Mode::kNode, "n-1", results_.get(),
         DispatcherHooks{.update =
                             [this](const v1::CommandUpdate& u) {
+                              // Like an outbox append that waits on a slow disk.
+                              if (slow_accepted_ && u.state() == v1::COMMAND_STATE_ACCEPTED)
+                                std::this_thread::sleep_for(std::chrono::milliseconds(2));
                               std::lock_guard<std::mutex> lock(mu_);
                               updates_.push_back(u);
                               cv_.notify_all();
@@ -112,7 +115,27 @@ class DispatcherTest : public ::testing::Test {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<v1::CommandUpdate> updates_;
+  std::atomic<bool> slow_accepted_{false};
 };
+
+TEST_F(DispatcherTest, AcceptedAlwaysComesBeforeRunning) {
+  handler_->Release();  // every run ends at once: the lane races the submitting thread
+  slow_accepted_ = true;
+  for (int i = 0; i < 50; ++i) {
+    std::string id = "c-" + std::to_string(i);
+    dispatcher_->Submit(Signed(id, "inventory.refresh"), *trust_, false);
+    ASSERT_TRUE(WaitFor(id, v1::COMMAND_STATE_SUCCEEDED)) << id;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<std::string, std::vector<v1::CommandState>> states;
+  for (const auto& u : updates_) states[u.command_id()].push_back(u.state());
+  for (const auto& [id, seen] : states) {
+    EXPECT_EQ(seen,
+              (std::vector<v1::CommandState>{v1::COMMAND_STATE_ACCEPTED, v1::COMMAND_STATE_RUNNING,
+                                             v1::COMMAND_STATE_SUCCEEDED}))
+        << id;
+  }
+}
 
 TEST_F(DispatcherTest, ATimeoutStartsWhenTheCommandRuns) {
   dispatcher_->Submit(Signed("slow", "inventory.refresh", /*timeout=*/1), *trust_, false);

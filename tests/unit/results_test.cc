@@ -80,6 +80,52 @@ TEST(ResultStore, ALongRunningDaemonForgetsAndCompactsWhileRunning) {
   EXPECT_FALSE(reopened.Terminal("c-1").has_value());
 }
 
+TEST(ResultStore, ResultsReadBackFromDiskAfterACompactionMovedThem) {
+  FakeRoot dir;
+  ResultStore store = *ResultStore::Open(dir.path(), 1000);
+  for (int i = 0; i < 1000; ++i) {
+    std::string id = "c-" + std::to_string(i);
+    ASSERT_TRUE(store.MarkRunning(id, "node.reboot").ok());
+    ASSERT_TRUE(store.Remember(Done(id), 1000).ok());
+  }
+  auto before = std::filesystem::file_size(dir.path() / "results.log");
+  // An hour later the next result compacts: the running markers go, the results stay.
+  ASSERT_TRUE(store.Remember(Done("late"), 4600).ok());
+  EXPECT_LT(std::filesystem::file_size(dir.path() / "results.log"), before);
+  EXPECT_EQ(store.size(), 1001u);
+  for (int i : {0, 499, 999}) {
+    std::string id = "c-" + std::to_string(i);
+    ASSERT_TRUE(store.Terminal(id).has_value()) << id;
+    EXPECT_EQ(store.Terminal(id)->result(), "result of " + id);
+  }
+  EXPECT_EQ(store.Terminal("late")->result(), "result of late");
+  EXPECT_FALSE(store.Terminal("c-1000").has_value());
+  ResultStore reopened = *ResultStore::Open(dir.path(), 4601);
+  EXPECT_EQ(reopened.Terminal("c-499")->result(), "result of c-499");
+  EXPECT_TRUE(reopened.running().empty());
+}
+
+TEST(RecordLog, ReadsARecordAtItsOffsetAndNamesDamage) {
+  FakeRoot dir;
+  std::vector<std::string> records;
+  std::vector<uint64_t> offsets;
+  {
+    RecordLog log = *RecordLog::Open(dir.path() / "log", &records);
+    ASSERT_TRUE(log.Append("first").ok());
+    ASSERT_TRUE(log.Append("second").ok());
+  }
+  RecordLog log = *RecordLog::Open(dir.path() / "log", &records, &offsets);
+  ASSERT_EQ(offsets, (std::vector<uint64_t>{0, 13}));
+  EXPECT_EQ(*log.Read(13), "second");
+  EXPECT_EQ(log.Read(5).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(std::string(ToStd(log.Read(100).status().message())),
+            (dir.path() / "log").string() + ": no record at byte 100");
+  std::vector<uint64_t> rewritten;
+  ASSERT_TRUE(log.Rewrite({"x", "second"}, &rewritten).ok());
+  EXPECT_EQ(rewritten, (std::vector<uint64_t>{0, 9}));
+  EXPECT_EQ(*log.Read(9), "second");
+}
+
 TEST(ResultStore, ReconcileRecordsTerminalUpdatesFoundInTheOutbox) {
   FakeRoot dir;
   ResultStore store = *ResultStore::Open(dir.path(), 1000);
