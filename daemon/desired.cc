@@ -42,7 +42,7 @@ void DesiredState::Reapply() {
 }
 
 v1::SpecAck DesiredState::Offer(const v1::SignedSpec& signed_spec, const pki::TrustState& trust,
-                                int64_t now) {
+                                int64_t now, bool signed_only) {
   v1::SpecAck ack;
   auto refuse = [&](std::string code, std::string message) {
     ack.set_state(v1::SPEC_ACK_STATE_REJECTED);
@@ -61,6 +61,12 @@ v1::SpecAck DesiredState::Offer(const v1::SignedSpec& signed_spec, const pki::Tr
   if (spec.node_id() != node_id_) {
     return refuse("WRONG_NODE", fmt::format("spec generation {} is for node \"{}\", this is \"{}\"",
                                             spec.generation(), spec.node_id(), node_id_));
+  }
+  if (signed_only && trust.command_signing_roots().empty()) {
+    return refuse("BAD_SIGNATURE",
+                  fmt::format("spec generation {}: this session takes only signed specs and the "
+                              "trust bundle has no command-signing roots to verify them with",
+                              spec.generation()));
   }
   if (!trust.command_signing_roots().empty()) {
     if (signed_spec.signature().sig().empty()) {

@@ -44,8 +44,11 @@ class DesiredState {
   // Takes `signed_spec` if it passes the checks above and answers with the SpecAck for the
   // gateway: APPLIED (sections carry their own status), or REJECTED with a code (INVALID,
   // WRONG_NODE, UNSIGNED, BAD_SIGNATURE, STALE, NOT_PERSISTED) and a message naming what was wrong.
+  // `signed_only`: as Dispatcher::Submit; a spec must be signed even without roots (and then
+  // cannot be taken).
   bettercompute::agent::v1::SpecAck Offer(const bettercompute::agent::v1::SignedSpec& signed_spec,
-                                          const pki::TrustState& trust, int64_t now);
+                                          const pki::TrustState& trust, int64_t now,
+                                          bool signed_only = false);
 
   uint64_t applied_generation() const;
   std::vector<bettercompute::agent::v1::SectionStatus> sections() const;

@@ -107,7 +107,7 @@ void Dispatcher::ReportInterrupted() {
 }
 
 void Dispatcher::Submit(const v1::SignedCommand& signed_command, const pki::TrustState& trust,
-                        bool upgrade_required) {
+                        bool upgrade_required, bool signed_only) {
   auto job = std::make_shared<Job>();
   if (absl::Status s = proto::DecodeMessage(signed_command.body(), &job->command); !s.ok()) {
     log_->Warn("command.undecodable", {{"error", std::string(ToStd(s.message()))}});
@@ -161,9 +161,14 @@ void Dispatcher::Submit(const v1::SignedCommand& signed_command, const pki::Trus
       return Reject(id, v1::COMMAND_CODE_BAD_SIGNATURE,
                     fmt::format("signature: {}", ToStd(s.message())));
     }
-  } else if (signing_on && kind != nullptr && kind->Has(proto::kSigned)) {
+  } else if (signed_only && !signing_on) {
+    return Reject(id, v1::COMMAND_CODE_BAD_SIGNATURE,
+                  "this session takes only signed commands and the trust bundle has no "
+                  "command-signing roots to verify them with");
+  } else if (signed_only || (signing_on && kind != nullptr && kind->Has(proto::kSigned))) {
     return Reject(id, v1::COMMAND_CODE_UNSIGNED,
-                  fmt::format("{} commands must be signed", command.kind()));
+                  signed_only ? "this session takes only signed commands"
+                              : fmt::format("{} commands must be signed", command.kind()));
   }
   if (kind != nullptr && kind->Has(proto::kQuorum)) {
     absl::Status approved =

@@ -62,8 +62,10 @@ class Dispatcher {
   // Reports every command a previous run left running as FAILED (interrupted), unless its kind is
   // idempotent; those run again when redelivered.
   void ReportInterrupted();
+  // `signed_only`: the session is one where every command must carry a valid signature whatever
+  // its kind (WebSocket through a proxy that strips client certificates).
   void Submit(const bettercompute::agent::v1::SignedCommand& signed_command,
-              const pki::TrustState& trust, bool upgrade_required);
+              const pki::TrustState& trust, bool upgrade_required, bool signed_only = false);
   void Cancel(const std::string& command_id, const std::string& reason);
 
  private:

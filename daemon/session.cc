@@ -183,7 +183,8 @@ bool SessionEngine::Handle(const v1::ServerFrame& frame) {
       return ApplyTrust(frame.trust());
     case v1::ServerFrame::kCommand:
       if (dispatcher_ == nullptr) return unhandled();
-      dispatcher_->Submit(frame.command(), trust_, Snapshot().upgrade_required);
+      dispatcher_->Submit(frame.command(), trust_, Snapshot().upgrade_required,
+                          options_.signed_only);
       return false;
     case v1::ServerFrame::kCancelCommand:
       if (dispatcher_ == nullptr) return unhandled();
@@ -192,7 +193,8 @@ bool SessionEngine::Handle(const v1::ServerFrame& frame) {
     case v1::ServerFrame::kDesiredState: {
       if (desired_ == nullptr) return unhandled();
       v1::AgentFrame reply;
-      *reply.mutable_spec_ack() = desired_->Offer(frame.desired_state(), trust_, options_.now());
+      *reply.mutable_spec_ack() =
+          desired_->Offer(frame.desired_state(), trust_, options_.now(), options_.signed_only);
       bool applied = reply.spec_ack().state() == v1::SPEC_ACK_STATE_APPLIED;
       Send(reply);
       return applied;

@@ -33,6 +33,8 @@ struct SessionOptions {
   std::function<int64_t()> now;       // unix seconds
   std::function<double()> uniform01;  // jitter source
   std::chrono::milliseconds status_interval = std::chrono::minutes(5);
+  // Every command and spec must be signed (set for the WebSocket transport).
+  bool signed_only = false;
   std::string boot_id;
   int64_t started_at = 0;
   int64_t certificate_not_after = 0;

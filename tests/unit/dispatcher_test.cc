@@ -171,6 +171,20 @@ TEST_F(DispatcherTest, ARestartReportsWhatItInterruptedExceptIdempotentKinds) {
   for (const auto& u : updates_) EXPECT_NE(u.command_id(), "inv-1");
 }
 
+TEST_F(DispatcherTest, ASignedOnlySessionRefusesEveryUnsignedCommand) {
+  handler_->Release();
+  // inventory.refresh needs no signature on a gRPC session; on a signed-only one it does.
+  v1::SignedCommand plain = Signed("plain", "inventory.refresh");
+  plain.clear_signature();
+  dispatcher_->Submit(plain, *trust_, false, /*signed_only=*/true);
+  std::optional<v1::CommandUpdate> refused = WaitFor("plain", v1::COMMAND_STATE_REJECTED);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->code(), v1::COMMAND_CODE_UNSIGNED);
+  EXPECT_EQ(refused->message(), "this session takes only signed commands");
+  dispatcher_->Submit(Signed("signed", "inventory.refresh"), *trust_, false, /*signed_only=*/true);
+  EXPECT_TRUE(WaitFor("signed", v1::COMMAND_STATE_SUCCEEDED).has_value());
+}
+
 TEST_F(DispatcherTest, UpgradeRequiredRefusesEverythingButDaemonUpgrade) {
   dispatcher_->Submit(Signed("c-1", "inventory.refresh"), *trust_, /*upgrade_required=*/true);
   std::optional<v1::CommandUpdate> refused = WaitFor("c-1", v1::COMMAND_STATE_REJECTED);
