@@ -1,6 +1,7 @@
 #include "daemon/results.h"
 
 #include "fmt/format.h"
+#include "proto/kinds.h"
 #include "proto/signing_input.h"
 
 namespace bcd {
@@ -24,12 +25,6 @@ int64_t TimeOf(const std::string& record) {
 }
 
 }  // namespace
-
-bool IsTerminal(v1::CommandState state) {
-  return state == v1::COMMAND_STATE_SUCCEEDED || state == v1::COMMAND_STATE_FAILED ||
-         state == v1::COMMAND_STATE_REJECTED || state == v1::COMMAND_STATE_TIMED_OUT ||
-         state == v1::COMMAND_STATE_CANCELLED;
-}
 
 absl::StatusOr<ResultStore> ResultStore::Open(const std::filesystem::path& dir, int64_t now) {
   std::vector<std::string> records;
@@ -153,7 +148,7 @@ absl::StatusOr<int> ResultStore::Reconcile(const std::deque<v1::AgentFrame>& pen
   for (const v1::AgentFrame& frame : pending) {
     if (!frame.has_command_update()) continue;
     const v1::CommandUpdate& update = frame.command_update();
-    if (!IsTerminal(update.state()) || Terminal(update.command_id())) continue;
+    if (!proto::IsTerminal(update.state()) || Terminal(update.command_id())) continue;
     if (absl::Status s = Remember(update, now); !s.ok()) return s;
     ++recorded;
   }

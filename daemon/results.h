@@ -70,6 +70,4 @@ class ResultStore {
   int64_t last_compacted_ = 0;
 };
 
-bool IsTerminal(bettercompute::agent::v1::CommandState state);
-
 }  // namespace bcd

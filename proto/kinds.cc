@@ -121,4 +121,11 @@ std::vector<const KindSpec*> KindsForMode(Mode mode) {
   return out;
 }
 
+bool IsTerminal(bettercompute::agent::v1::CommandState state) {
+  namespace v1 = bettercompute::agent::v1;
+  return state == v1::COMMAND_STATE_SUCCEEDED || state == v1::COMMAND_STATE_FAILED ||
+         state == v1::COMMAND_STATE_REJECTED || state == v1::COMMAND_STATE_TIMED_OUT ||
+         state == v1::COMMAND_STATE_CANCELLED;
+}
+
 }  // namespace bcd::proto

@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include "bettercompute/agent/v1/commands.pb.h"
+
 namespace bcd::proto {
 
 enum class Mode : uint8_t { kNode = 1, kSite = 2, kRamdisk = 4 };
@@ -64,6 +66,9 @@ std::span<const KindSpec> AllKinds();
 
 // The kind named `name`, or nullptr when there is none.
 const KindSpec* FindKind(std::string_view name);
+
+// SUCCEEDED, FAILED, REJECTED, TIMED_OUT, CANCELLED: a command's last update.
+bool IsTerminal(bettercompute::agent::v1::CommandState state);
 
 // The kinds a mode runs, in table order.
 std::vector<const KindSpec*> KindsForMode(Mode mode);

@@ -37,14 +37,6 @@ using bcd::testing::DevPki;
 using bcd::testing::SpawnChild;
 using bcd::testing::WaitChild;
 
-std::string Json(const google::protobuf::Message& message) {
-  std::string json;
-  google::protobuf::util::JsonPrintOptions options;
-  options.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
-  return json;
-}
-
 int Usage() {
   std::fprintf(stderr,
                "usage: bcd-dev up [--dir DIR] [--seconds N] [--protocol MIN..MAX] [--bcd PATH]\n"
@@ -192,7 +184,7 @@ int main(int argc, char** argv) {
     if (!welcomed && (*gateway)->LastHello("dev-node-1")) {
       welcomed = true;
       std::printf("gateway: Hello from dev-node-1 %s\n",
-                  Json(*(*gateway)->LastHello("dev-node-1")).c_str());
+                  bcd::testing::ProtoJson(*(*gateway)->LastHello("dev-node-1")).c_str());
     }
     if (welcomed && !trusted) {
       // The control plane's approver set: destructive kinds need 2 of 3 approvals from now on.
@@ -206,7 +198,7 @@ int main(int argc, char** argv) {
     }
     auto frames = (*gateway)->Received("dev-node-1");
     for (; shown < frames.size(); ++shown)
-      std::printf("gateway: received %s\n", Json(frames[shown]).c_str());
+      std::printf("gateway: received %s\n", bcd::testing::ProtoJson(frames[shown]).c_str());
     std::fflush(stdout);
   }
   if (node > 0) {

@@ -1,7 +1,7 @@
 #pragma once
 
 // Child processes for the dev stack, its tools and tests: started in the background with default
-// signal handling (whatever the parent blocks), waited for by pid.
+// signal handling (whatever the parent blocks), waited for by pid; and a free port to give them.
 
 #include <sys/types.h>
 
@@ -14,5 +14,7 @@ namespace bcd::testing {
 pid_t SpawnChild(const std::vector<std::string>& argv);
 // Waits for the child: its exit status, or 128 + the signal that ended it.
 int WaitChild(pid_t pid);
+// A free loopback port (bound, read, released) for a server a child or a restart will listen on.
+int FreeLoopbackPort();
 
 }  // namespace bcd::testing

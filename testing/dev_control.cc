@@ -24,14 +24,6 @@ using json = nlohmann::json;
 
 namespace {
 
-std::string ToJson(const google::protobuf::Message& message) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions options;
-  options.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
-  return out;
-}
-
 std::unique_ptr<google::protobuf::Message> NewMessage(std::string_view type) {
   const google::protobuf::Descriptor* descriptor =
       google::protobuf::DescriptorPool::generated_pool()->FindMessageTypeByName(std::string(type));
@@ -40,12 +32,25 @@ std::unique_ptr<google::protobuf::Message> NewMessage(std::string_view type) {
       google::protobuf::MessageFactory::generated_factory()->GetPrototype(descriptor)->New());
 }
 
-bool Terminal(v1::CommandState state) {
-  return state != v1::COMMAND_STATE_ACCEPTED && state != v1::COMMAND_STATE_RUNNING &&
-         state != v1::COMMAND_STATE_UNSPECIFIED;
+// The address of a unix socket; InvalidArgument when the path is too long for one.
+absl::StatusOr<sockaddr_un> UnixAddress(const std::filesystem::path& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.string().size() >= sizeof addr.sun_path)
+    return absl::InvalidArgumentError(path.string() + ": too long for a unix socket path");
+  std::strcpy(addr.sun_path, path.c_str());
+  return addr;
 }
 
 }  // namespace
+
+std::string ProtoJson(const google::protobuf::Message& message) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
+  return out;
+}
 
 DevControlPlane::DevControlPlane(const DevPki* pki, DevGateway* gateway)
     : pki_(pki), gateway_(gateway) {
@@ -103,10 +108,10 @@ absl::StatusOr<std::string> DevControlPlane::Run(const std::string& node, const 
       }
       v1::CommandUpdate update = received.command_update();
       update.clear_result();  // shown decoded below
-      updates.push_back(json::parse(ToJson(update)));
+      updates.push_back(json::parse(ProtoJson(update)));
       last = received.command_update();
     }
-    if (last && Terminal(last->state())) {
+    if (last && proto::IsTerminal(last->state())) {
       json answer = {{"command_id", command.command_id()},
                      {"state", v1::CommandState_Name(last->state())},
                      {"updates", updates}};
@@ -115,7 +120,7 @@ absl::StatusOr<std::string> DevControlPlane::Run(const std::string& node, const 
       if (!last->message().empty()) answer["message"] = last->message();
       if (std::unique_ptr<google::protobuf::Message> result = NewMessage(spec->result_type);
           result && !last->result().empty() && result->ParseFromString(last->result())) {
-        answer["result"] = json::parse(ToJson(*result));
+        answer["result"] = json::parse(ProtoJson(*result));
       }
       return answer.dump(2);
     }
@@ -150,7 +155,7 @@ absl::StatusOr<std::string> DevControlPlane::ApplySpec(const std::string& node,
   while (std::chrono::steady_clock::now() < deadline) {
     std::size_t seen = 0;
     for (const v1::AgentFrame& received : gateway_->Received(node)) {
-      if (received.has_spec_ack() && ++seen > before) return ToJson(received.spec_ack());
+      if (received.has_spec_ack() && ++seen > before) return ProtoJson(received.spec_ack());
     }
     gateway_->WaitForReceived(node, gateway_->Received(node).size() + 1,
                               std::chrono::milliseconds(100));
@@ -173,15 +178,12 @@ std::string DevControlPlane::Handle(const std::string& text, const std::string& 
 
 absl::Status DevControlPlane::Serve(const std::filesystem::path& socket_path,
                                     const std::string& node) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (socket_path.string().size() >= sizeof addr.sun_path)
-    return absl::InvalidArgumentError("socket path too long");
-  std::strcpy(addr.sun_path, socket_path.c_str());
+  absl::StatusOr<sockaddr_un> addr = UnixAddress(socket_path);
+  if (!addr.ok()) return addr.status();
   std::filesystem::remove(socket_path);
   listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   mode_t old = umask(0177);
-  int rc = bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  int rc = bind(listen_fd_, reinterpret_cast<sockaddr*>(&*addr), sizeof *addr);
   umask(old);
   if (rc != 0 || listen(listen_fd_, 4) != 0) {
     return absl::InternalError(fmt::format("{}: {}", socket_path.string(), std::strerror(errno)));
@@ -215,13 +217,10 @@ void DevControlPlane::Loop(std::string node) {
 
 absl::StatusOr<std::string> AskDevControl(const std::filesystem::path& socket_path,
                                           const std::string& request) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (socket_path.string().size() >= sizeof addr.sun_path)
-    return absl::InvalidArgumentError("socket path too long");
-  std::strcpy(addr.sun_path, socket_path.c_str());
+  absl::StatusOr<sockaddr_un> addr = UnixAddress(socket_path);
+  if (!addr.ok()) return addr.status();
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+  if (connect(fd, reinterpret_cast<sockaddr*>(&*addr), sizeof *addr) != 0) {
     close(fd);
     return absl::UnavailableError(
         fmt::format("{}: {} (is bcd-dev up running?)", socket_path.string(), std::strerror(errno)));

@@ -64,6 +64,9 @@ class DevControlPlane {
   std::thread thread_;
 };
 
+// A message as protobuf JSON with the .proto field names.
+std::string ProtoJson(const google::protobuf::Message& message);
+
 // Sends one request to the socket of a running `bcd-dev up` and returns its answer.
 absl::StatusOr<std::string> AskDevControl(const std::filesystem::path& socket,
                                           const std::string& request);

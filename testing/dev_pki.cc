@@ -55,15 +55,17 @@ absl::StatusOr<pki::Certificate> DevPki::IssueNode(const pki::PublicKey& subject
       subject, node_ca_key_, &*node_ca_);
 }
 
+bettercompute::common::v1::Signature DevPki::WorkerSignature(proto::Purpose purpose,
+                                                             const std::string& body) const {
+  return *pki::Sign(proto::BodySigningInput(purpose, body), worker_key_, "dev-worker",
+                    {worker_->Der()});
+}
+
 bettercompute::agent::v1::SignedCommand DevPki::SignCommand(
     const bettercompute::agent::v1::Command& command, bool sign) const {
   bettercompute::agent::v1::SignedCommand out;
   out.set_body(command.SerializeAsString());
-  if (sign) {
-    *out.mutable_signature() =
-        *pki::Sign(proto::BodySigningInput(proto::Purpose::kCommand, out.body()), worker_key_,
-                   "dev-worker", {worker_->Der()});
-  }
+  if (sign) *out.mutable_signature() = WorkerSignature(proto::Purpose::kCommand, out.body());
   return out;
 }
 
@@ -71,11 +73,7 @@ bettercompute::agent::v1::SignedSpec DevPki::SignSpec(
     const bettercompute::agent::v1::NodeSpec& spec, bool sign) const {
   bettercompute::agent::v1::SignedSpec out;
   out.set_body(spec.SerializeAsString());
-  if (sign) {
-    *out.mutable_signature() =
-        *pki::Sign(proto::BodySigningInput(proto::Purpose::kSpec, out.body()), worker_key_,
-                   "dev-worker", {worker_->Der()});
-  }
+  if (sign) *out.mutable_signature() = WorkerSignature(proto::Purpose::kSpec, out.body());
   return out;
 }
 

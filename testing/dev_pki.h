@@ -15,6 +15,7 @@
 #include "pki/issue.h"
 #include "pki/keys.h"
 #include "pki/x509.h"
+#include "proto/signing_input.h"
 
 namespace bcd::testing {
 
@@ -72,6 +73,9 @@ class DevPki {
 
  private:
   DevPki() = default;
+  // The worker key's signature over `body` for `purpose`, carrying the worker's certificate.
+  bettercompute::common::v1::Signature WorkerSignature(proto::Purpose purpose,
+                                                       const std::string& body) const;
   pki::PrivateKey serving_ca_key_ = *pki::PrivateKey::Generate();
   pki::PrivateKey serving_key_ = *pki::PrivateKey::Generate();
   pki::PrivateKey node_ca_key_ = *pki::PrivateKey::Generate();

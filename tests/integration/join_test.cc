@@ -142,19 +142,6 @@ TEST_F(Join, RefusesAGatewayCertificateForAnotherName) {
   EXPECT_EQ(gateway_->join_calls(), 0);
 }
 
-// A free loopback port (bound, read, released).
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t length = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 bool Accepts(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -170,7 +157,7 @@ bool Accepts(int port) {
 class OpensslServer {
  public:
   OpensslServer(const FakeRoot& dir, const DevPki& pki, const std::string& version)
-      : port_(FreePort()) {
+      : port_(bcd::testing::FreeLoopbackPort()) {
     dir.Write("s_server.key", pki.serving_key().ToPem());
     dir.Write("s_server.pem", pki.ServingChainPem());
     pid_ = bcd::testing::SpawnChild(

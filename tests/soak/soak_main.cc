@@ -37,6 +37,7 @@
 
 #include "daemon/record_log.h"
 #include "pki/files.h"
+#include "proto/kinds.h"
 #include "testing/child_process.h"
 #include "testing/dev_gateway.h"
 #include "testing/upload_sink.h"
@@ -61,11 +62,6 @@ struct Options {
 
 std::string CommandId(int i) { return "soak-" + std::to_string(i); }
 
-bool IsTerminal(v1::CommandState s) {
-  return s != v1::COMMAND_STATE_ACCEPTED && s != v1::COMMAND_STATE_RUNNING &&
-         s != v1::COMMAND_STATE_UNSPECIFIED;
-}
-
 uint64_t SeqOf(const v1::AgentFrame& frame) {
   return frame.has_event()            ? frame.event().seq()
          : frame.has_command_update() ? frame.command_update().seq()
@@ -89,7 +85,7 @@ uint64_t SeqOf(const v1::AgentFrame& frame) {
     v1::AgentFrame frame;
     frame.ParseFromString(record);
     max_seq = std::max(max_seq, SeqOf(frame));
-    if (frame.has_command_update() && IsTerminal(frame.command_update().state()))
+    if (frame.has_command_update() && bcd::proto::IsTerminal(frame.command_update().state()))
       terminal.insert(frame.command_update().command_id());
   }
   bcd::testing::DevGatewayOptions gateway_options;
@@ -99,7 +95,7 @@ uint64_t SeqOf(const v1::AgentFrame& frame) {
     std::lock_guard<std::mutex> lock(mu);
     if (absl::Status s = db->Append(frame.SerializeAsString()); !s.ok()) _exit(4);
     max_seq = std::max(max_seq, SeqOf(frame));
-    if (frame.has_command_update() && IsTerminal(frame.command_update().state()))
+    if (frame.has_command_update() && bcd::proto::IsTerminal(frame.command_update().state()))
       terminal.insert(frame.command_update().command_id());
   };
   absl::StatusOr<std::unique_ptr<DevGateway>> gateway = absl::UnavailableError("not started");
@@ -196,18 +192,6 @@ std::pair<std::size_t, uint64_t> Progress(const std::filesystem::path& dir) {
   return {done, seq};
 }
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 int Usage() {
   std::fprintf(stderr,
                "usage: bcd-soak [--commands N] [--seconds S] [--seed X] [--bcd PATH] [--keep]\n");
@@ -273,7 +257,7 @@ int main(int argc, char** argv) {
   close(sink_fds[0]);
   std::string upload_url = "http://127.0.0.1:" + sink_port + "/bucket";
 
-  int port = FreePort();
+  int port = bcd::testing::FreeLoopbackPort();
   std::string token;
   pid_t gateway = StartGateway(*pki, port, dir, options, upload_url, true, &token);
   std::ofstream(dir / "config.toml")
@@ -345,7 +329,8 @@ int main(int argc, char** argv) {
       continue;
     }
     if (frame.has_event()) ++events[frame.event().kind()];
-    if (!frame.has_command_update() || !IsTerminal(frame.command_update().state())) continue;
+    if (!frame.has_command_update() || !bcd::proto::IsTerminal(frame.command_update().state()))
+      continue;
     v1::CommandUpdate update = frame.command_update();
     update.clear_seq();
     update.clear_time_ms();
