@@ -8,6 +8,7 @@
 #include "daemon/http_upload.h"
 #include "daemon/identity.h"
 #include "daemon/renew.h"
+#include "daemon/secrets.h"
 #include "daemon/subprocess.h"
 #include "fmt/format.h"
 #include "pki/files.h"
@@ -174,6 +175,19 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
                            }));
   }
   daemon->engine_->set_dispatcher(daemon->dispatcher_.get());
+  daemon->secrets_ = std::make_unique<SecretClient>(
+      SecretClientOptions{.send =
+                              [self](const bettercompute::agent::v1::AgentFrame& frame) {
+                                return self->engine_->Send(frame);
+                              },
+                          .node_key = [dir]() -> absl::StatusOr<pki::PrivateKey> {
+                            absl::StatusOr<Identity> identity = dir.LoadIdentity();
+                            if (!identity.ok()) return identity.status();
+                            return identity->key;
+                          },
+                          .now = env.now},
+      env.log);
+  daemon->engine_->set_secrets(daemon->secrets_.get());
   absl::StatusOr<std::unique_ptr<DesiredState>> desired =
       DesiredState::Open(dir.path(), identity->node.id.node(), env.log);
   if (!desired.ok()) return desired.status();

@@ -51,6 +51,10 @@ class NodeDaemon {
   int renewals() const;
   // The applied desired state (tests read it).
   const class DesiredState& desired() const { return *desired_; }
+  // Secrets and workload tokens over the session, for handlers and the metadata service.
+  class SecretClient& secrets() {
+    return *secrets_;
+  }
   bool WaitForRenewals(int count, std::chrono::milliseconds timeout) const;
   // The status as `bcd status` prints it: identity and certificate from the state dir, the session
   // from the engine.
@@ -67,6 +71,7 @@ class NodeDaemon {
   std::unique_ptr<ResultStore> results_;
   std::unique_ptr<class Dispatcher> dispatcher_;
   std::unique_ptr<class DesiredState> desired_;
+  std::unique_ptr<class SecretClient> secrets_;
   // node.reboot: waits out the delay and for the outbox to drain, then runs the reboot command.
   void ScheduleReboot(std::chrono::seconds delay, std::string reason);
   std::vector<std::string> reboot_command_;

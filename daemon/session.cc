@@ -5,6 +5,7 @@
 #include "daemon/backoff.h"
 #include "daemon/desired.h"
 #include "daemon/dispatcher.h"
+#include "daemon/secrets.h"
 #include "proto/absl_compat.h"
 
 namespace bcd {
@@ -45,9 +46,9 @@ absl::Status SessionEngine::EmitUpdate(const v1::CommandUpdate& update,
   return Enqueue(std::move(frame), then);
 }
 
-void SessionEngine::Send(const v1::AgentFrame& frame) {
+bool SessionEngine::Send(const v1::AgentFrame& frame) {
   std::lock_guard<std::mutex> lock(outbox_mu_);
-  if (live_ != nullptr) live_->Write(frame);
+  return live_ != nullptr && live_->Write(frame);
 }
 
 absl::Status SessionEngine::Enqueue(v1::AgentFrame frame, const std::function<void()>& then) {
@@ -199,6 +200,14 @@ bool SessionEngine::Handle(const v1::ServerFrame& frame) {
       Send(reply);
       return applied;
     }
+    case v1::ServerFrame::kSecretResponse:
+      if (secrets_ == nullptr) return unhandled();
+      secrets_->OnSecretResponse(frame.secret_response());
+      return false;
+    case v1::ServerFrame::kWorkloadTokenResponse:
+      if (secrets_ == nullptr) return unhandled();
+      secrets_->OnWorkloadTokenResponse(frame.workload_token_response());
+      return false;
     case v1::ServerFrame::kAck: {
       std::lock_guard<std::mutex> lock(outbox_mu_);
       if (absl::Status s = outbox_->Ack(frame.ack().up_to_seq()); !s.ok()) {
@@ -258,6 +267,7 @@ transport::Refusal SessionEngine::Serve(transport::FrameStream& stream, Backoff&
     for (const v1::AgentFrame& pending : outbox_->pending()) stream.Write(pending);
     live_ = &stream;
   }
+  if (secrets_ != nullptr) secrets_->SessionUp(Snapshot().welcomes);
   if (welcome.has_trust()) ApplyTrust(welcome.trust());
   stream.Write(Status());
 
@@ -288,6 +298,7 @@ transport::Refusal SessionEngine::Serve(transport::FrameStream& stream, Backoff&
     std::lock_guard<std::mutex> lock(outbox_mu_);
     live_ = nullptr;
   }
+  if (secrets_ != nullptr) secrets_->SessionDown();  // waits on this session fail now
   return stream.Finish();
 }
 

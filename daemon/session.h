@@ -73,15 +73,18 @@ class SessionEngine {
   // next start to find (ResultStore::Reconcile), never a result the gateway cannot receive.
   absl::Status EmitUpdate(const bettercompute::agent::v1::CommandUpdate& update,
                           const std::function<void()>& then = {});
-  // A frame outside the outbox (inventory, ...): sent now when connected, else dropped.
-  // Thread-safe.
-  void Send(const bettercompute::agent::v1::AgentFrame& frame);
+  // A frame outside the outbox (inventory, secret requests, ...): sent now when connected, else
+  // dropped; true when it was written. Thread-safe.
+  bool Send(const bettercompute::agent::v1::AgentFrame& frame);
   // Where commands and cancels go; without one, command frames are counted as unhandled. Set
   // before Run.
   void set_dispatcher(class Dispatcher* dispatcher) { dispatcher_ = dispatcher; }
   // Where desired state goes; without one, desired_state frames are counted as unhandled. Set
   // before Run.
   void set_desired(class DesiredState* desired) { desired_ = desired; }
+  // Where secret and workload-token answers go, and who learns of sessions starting and ending.
+  // Set before Run.
+  void set_secrets(class SecretClient* secrets) { secrets_ = secrets; }
   // The period of StatusReport from the next one on (the daemon section of desired state).
   void set_status_interval(std::chrono::milliseconds interval) {
     status_interval_ms_ = interval.count();
@@ -111,6 +114,7 @@ class SessionEngine {
                        const std::function<void()>& then);
   class Dispatcher* dispatcher_ = nullptr;
   class DesiredState* desired_ = nullptr;
+  class SecretClient* secrets_ = nullptr;
   std::atomic<int64_t> status_interval_ms_{0};
   transport::Transport* transport_;
   pki::TrustState trust_;  // owned by the Run thread

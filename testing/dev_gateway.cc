@@ -3,12 +3,16 @@
 #include <condition_variable>
 #include <ctime>
 #include <set>
+#include <thread>
 
 #include "bettercompute/agent/v1/session.grpc.pb.h"
+#include "fmt/format.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "pki/base64url.h"
 #include "pki/envelope.h"
+#include "pki/jwe.h"
+#include "pki/jwt.h"
 #include "proto/absl_compat.h"
 #include "proto/frame_codec.h"
 #include "proto/signing_input.h"
@@ -49,7 +53,19 @@ struct DevGateway::State {
   int next_session = 1;                                         // guarded by mu
   bool withhold_acks = false;                                   // guarded by mu
   int renewals = 0;                                             // guarded by mu
-  std::set<std::string> renew_nonces;                           // guarded by mu
+  struct Secret {
+    std::string value;
+    DevGateway::SecretBinding binding;
+  };
+  std::map<std::string, Secret> secrets;      // by ref; guarded by mu
+  std::string secret_refusal;                 // guarded by mu
+  std::set<std::string> tenant_nodes;         // guarded by mu
+  DevGateway::SecretFault secret_fault{};     // guarded by mu
+  std::chrono::milliseconds secret_delay{0};  // guarded by mu
+  int bad_node_sigs = 0;                      // guarded by mu
+  std::set<std::string> workload_instances;   // guarded by mu
+  pki::PrivateKey workload_issuer = *pki::PrivateKey::Generate();
+  std::set<std::string> renew_nonces;  // guarded by mu
   DevGatewayOptions options;
   mutable std::mutex mu;
   std::map<std::string, JoinToken> tokens;  // guarded by mu
@@ -287,6 +303,24 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
                                                   : 0;
       bool ack = false;
       if (state_->options.on_frame) state_->options.on_frame(node, frame);
+      if (frame.has_secret_request() || frame.has_workload_token_request()) {
+        std::optional<v1::ServerFrame> answer = AnswerSecret(node, *cert, frame);
+        std::chrono::milliseconds delay;
+        {
+          std::lock_guard<std::mutex> lock(state_->mu);
+          delay = state_->secret_delay;
+        }
+        if (answer && delay.count() > 0) {
+          std::thread([session, delay, frame = *answer] {
+            std::this_thread::sleep_for(delay);
+            std::lock_guard<std::mutex> lock(session->write_mu);
+            if (session->stream != nullptr) session->stream->Write(frame);
+          }).detach();
+        } else if (answer) {
+          std::lock_guard<std::mutex> lock(session->write_mu);
+          stream->Write(*answer);
+        }
+      }
       {
         std::lock_guard<std::mutex> lock(state_->mu);
         state_->received[node].push_back(frame);
@@ -313,6 +347,95 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
   }
 
  private:
+  // The broker's answer to a secret or workload-token request; nullopt when the fault says none.
+  std::optional<v1::ServerFrame> AnswerSecret(const std::string& node, const pki::Certificate& cert,
+                                              const v1::AgentFrame& frame) {
+    bool workload = frame.has_workload_token_request();
+    const v1::SecretRequest& secret = frame.secret_request();
+    const v1::WorkloadTokenRequest& token = frame.workload_token_request();
+    std::string input = workload ? proto::WorkloadTokenSigningInput(token)
+                                 : proto::SecretRequestSigningInput(secret);
+    std::string node_sig = workload ? token.node_sig() : secret.node_sig();
+    std::string rid = workload ? token.request_id() : secret.request_id();
+    std::string epk = workload ? token.epk() : secret.epk();
+    absl::StatusOr<pki::PublicKey> node_key = cert.Key();
+    bool signed_ok = node_key.ok() && node_key->VerifyEs256(input, node_sig).ok();
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (state_->secret_fault == DevGateway::SecretFault::kNoAnswer) return std::nullopt;
+    std::string error, plaintext, binding_name, binding_value;
+    if (!signed_ok) {
+      ++state_->bad_node_sigs;
+      error = "access-denied";
+    } else if (state_->tenant_nodes.contains(node)) {
+      error = "access-denied";
+    } else if (!state_->secret_refusal.empty()) {
+      error = state_->secret_refusal;
+    } else if (workload) {
+      if (!state_->workload_instances.contains(token.instance_id())) {
+        error = "not-bound";
+      } else {
+        std::string claims = fmt::format(
+            R"({{"iss":"dev","sub":"{}","aud":"{}","iat":{},"exp":{}}})", token.instance_id(),
+            token.audience().empty() ? "dev-default" : token.audience(), state_->Now(),
+            state_->Now() + 600);
+        plaintext = *pki::SignJwt(claims, state_->workload_issuer, "dev-workload");
+        binding_name = "iid";
+        binding_value = token.instance_id();
+      }
+    } else {
+      auto it = state_->secrets.find(secret.ref());
+      if (it == state_->secrets.end()) {
+        error = "not-found";
+      } else {
+        const DevGateway::SecretBinding& b = it->second.binding;
+        bool step = !b.workflow_id.empty() && b.workflow_id == secret.workflow_id() &&
+                    b.step_id == secret.step_id();
+        bool allocation = !b.allocation_id.empty() && b.allocation_id == secret.allocation_id();
+        if (!step && !allocation) {
+          error = "not-bound";
+        } else {
+          plaintext = it->second.value;
+          binding_name = "ref";
+          binding_value = secret.ref();
+        }
+      }
+    }
+    v1::ServerFrame answer;
+    std::string jwe;
+    if (error.empty()) {
+      DevGateway::SecretFault fault = state_->secret_fault;
+      std::string typ(workload ? pki::kWorkloadJweType : pki::kSecretJweType);
+      if (fault == DevGateway::SecretFault::kWrongTyp) typ = "JWT";
+      if (fault == DevGateway::SecretFault::kWrongRef) binding_value += "-other";
+      std::string bound_rid = fault == DevGateway::SecretFault::kWrongRid ? rid + "-other" : rid;
+      int64_t exp =
+          fault == DevGateway::SecretFault::kExpired ? state_->Now() - 1 : state_->Now() + 60;
+      absl::StatusOr<pki::PublicKey> recipient = pki::PublicKey::FromSec1(epk);
+      absl::StatusOr<std::string> sealed =
+          recipient.ok() ? pki::SealJwe(plaintext, *recipient, typ,
+                                        {{binding_name, binding_value}, {"rid", bound_rid}}, exp)
+                         : absl::StatusOr<std::string>(recipient.status());
+      if (sealed.ok()) {
+        jwe = *sealed;
+      } else {
+        error = "unavailable";
+      }
+    }
+    if (workload) {
+      v1::WorkloadTokenResponse* response = answer.mutable_workload_token_response();
+      response->set_request_id(rid);
+      response->set_jwe(jwe);
+      response->set_error(error);
+      if (error.empty()) response->set_expires_at(static_cast<uint64_t>(state_->Now() + 600));
+    } else {
+      v1::SecretResponse* response = answer.mutable_secret_response();
+      response->set_request_id(rid);
+      response->set_jwe(jwe);
+      response->set_error(error);
+    }
+    return answer;
+  }
+
   std::shared_ptr<DevGateway::State> state_;
 };
 
@@ -475,6 +598,53 @@ int DevGateway::joins_granted() const {
 int DevGateway::join_calls() const {
   std::lock_guard<std::mutex> lock(state_->mu);
   return state_->calls;
+}
+
+void DevGateway::AddSecret(const std::string& ref, const std::string& value,
+                           SecretBinding binding) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->secrets[ref] = {value, std::move(binding)};
+}
+
+void DevGateway::RefuseSecrets(const std::string& error) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->secret_refusal = error;
+}
+
+void DevGateway::SetTenantControlled(const std::string& node_id, bool tenant) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (tenant) {
+    state_->tenant_nodes.insert(node_id);
+  } else {
+    state_->tenant_nodes.erase(node_id);
+  }
+}
+
+void DevGateway::SetSecretFault(SecretFault fault) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->secret_fault = fault;
+}
+
+void DevGateway::DelaySecretAnswers(std::chrono::milliseconds delay) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->secret_delay = delay;
+}
+
+int DevGateway::bad_node_sigs() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->bad_node_sigs;
+}
+
+void DevGateway::AllowWorkloadTokens(const std::string& instance_id) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->workload_instances.insert(instance_id);
+}
+
+bool DevGateway::PushStraySecretAnswer(const std::string& node_id) {
+  v1::ServerFrame frame;
+  frame.mutable_secret_response()->set_request_id("never-asked");
+  frame.mutable_secret_response()->set_error("not-found");
+  return Push(node_id, frame);
 }
 
 }  // namespace bcd::testing

@@ -87,6 +87,29 @@ class DevGateway {
   // Renewals granted so far.
   int renewals() const;
 
+  // The secret broker. A secret is bound to a workflow step (both set), to an allocation, or to a
+  // host section (workflow "host:<section>", the field as step). Requests are answered with a JWE
+  // to their epk once their node_sig verifies with the session's client certificate.
+  struct SecretBinding {
+    std::string workflow_id, step_id, allocation_id;
+  };
+  void AddSecret(const std::string& ref, const std::string& value, SecretBinding binding);
+  // Every secret and workload-token request is refused with `error` ("" answers again).
+  void RefuseSecrets(const std::string& error);
+  // Sessions of `node_id` are tenant-controlled: always access-denied.
+  void SetTenantControlled(const std::string& node_id, bool tenant);
+  // How answers go wrong, for the tests of the checks bcd makes.
+  enum class SecretFault { kNone, kWrongRef, kWrongRid, kWrongTyp, kExpired, kNoAnswer };
+  void SetSecretFault(SecretFault fault);
+  // Answers come this late (from another thread).
+  void DelaySecretAnswers(std::chrono::milliseconds delay);
+  // Requests whose node_sig did not verify.
+  int bad_node_sigs() const;
+  // The workload-token issuer: tokens for `instance_id` when its allocation holds it.
+  void AllowWorkloadTokens(const std::string& instance_id);
+  // Sends an answer to nothing on the open session of `node_id`.
+  bool PushStraySecretAnswer(const std::string& node_id);
+
   struct State;
 
  private:

@@ -1,0 +1,181 @@
+// Secrets and workload tokens over a real session: the dev gateway's broker verifies node_sig
+// with the session's client certificate and answers with a JWE to the request's one-use key.
+// Every value here contains "S3CR3T"; no test may find it in what bcd logged.
+
+#include "daemon/secrets.h"
+
+#include <sstream>
+#include <thread>
+
+#include "daemon/join.h"
+#include "daemon/node.h"
+#include "gtest/gtest.h"
+#include "proto/absl_compat.h"
+#include "testing/dev_gateway.h"
+#include "tests/unit/fake_root.h"
+
+namespace bcd {
+namespace {
+
+using bcd::testing::DevGateway;
+using bcd::testing::DevPki;
+using bcd::testing::FakeRoot;
+using std::chrono::seconds;
+
+constexpr auto kWait = seconds(20);
+
+std::string Message(const absl::Status& status) { return std::string(ToStd(status.message())); }
+
+class Secrets : public ::testing::Test {
+ protected:
+  Secrets() : pki_(*DevPki::Create(std::time(nullptr))) {
+    gateway_ = *DevGateway::Start(pki_, {});
+    Config config =
+        *Config::Parse("gateway_url = \"https://127.0.0.1:" + std::to_string(gateway_->port()) +
+                           "\"\ngateway_server_name = \"" + DevPki::kGatewayName +
+                           "\"\ngateway_ca_spki_sha256 = \"" + pki_.ServingCaPinHex() +
+                           "\"\nstate_dir = \"" + (dir_.path() / "state").string() + "\"\n",
+                       "test.toml");
+    JoinSpec spec{.evidence = gateway_->AddJoinToken("n-1"),
+                  .now = [] { return static_cast<int64_t>(std::time(nullptr)); },
+                  .sleep = [](seconds) {}};
+    EXPECT_TRUE(JoinFleet(config, spec).ok());
+    daemon_ = *NodeDaemon::Create(config, proto::Mode::kNode,
+                                  {.now = [] { return static_cast<int64_t>(std::time(nullptr)); },
+                                   .uniform01 = [] { return 0.01; },
+                                   .log = &log_});
+    runner_ = std::thread([this] { (void)daemon_->Run(); });
+    EXPECT_TRUE(gateway_->WaitForReceived("n-1", 1, kWait));
+    gateway_->AddSecret("secret://db/password", "S3CR3T-db", {"wf-1", "step-1", ""});
+    gateway_->AddSecret("vault://alloc/key", "S3CR3T-alloc", {"", "", "alloc-9"});
+    gateway_->AddSecret("secret://k8s/token", "S3CR3T-k8s", {"host:k8s-join", "token_ref", ""});
+  }
+  ~Secrets() override {
+    daemon_->Stop();
+    runner_.join();
+    EXPECT_EQ(log_text_.str().find("S3CR3T"), std::string::npos)
+        << "a secret value reached the log:\n"
+        << log_text_.str();
+  }
+
+  SecretClient& client() { return daemon_->secrets(); }
+
+  FakeRoot dir_;
+  DevPki pki_;
+  std::unique_ptr<DevGateway> gateway_;
+  std::ostringstream log_text_;
+  Logger log_{&log_text_, LogLevel::kDebug};
+  std::unique_ptr<NodeDaemon> daemon_;
+  std::thread runner_;
+};
+
+TEST_F(Secrets, ValuesComeForTheirBindings) {
+  EXPECT_EQ(*client().Resolve("secret://db/password", {"wf-1", "step-1", ""}), "S3CR3T-db");
+  EXPECT_EQ(*client().Resolve("vault://alloc/key", {"wf-7", "step-3", "alloc-9"}), "S3CR3T-alloc");
+  EXPECT_EQ(*client().Resolve("secret://k8s/token", HostBinding("k8s-join", "token_ref")),
+            "S3CR3T-k8s");
+  absl::StatusOr<std::vector<std::string>> both =
+      client().ResolveAll({"secret://db/password", "secret://db/password"}, {"wf-1", "step-1", ""});
+  EXPECT_EQ(*both, (std::vector<std::string>{"S3CR3T-db", "S3CR3T-db"}));
+  EXPECT_EQ(gateway_->bad_node_sigs(), 0) << "the broker verified every node_sig";
+  // The requests carried a fresh key each time.
+  std::set<std::string> epks;
+  for (const auto& frame : gateway_->Received("n-1"))
+    if (frame.has_secret_request()) epks.insert(frame.secret_request().epk());
+  EXPECT_EQ(epks.size(), 5u);
+}
+
+TEST_F(Secrets, EachRefusalIsTypedAndNamesTheRef) {
+  absl::StatusOr<std::string> missing = client().Resolve("secret://nope", {"wf-1", "step-1", ""});
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(BrokerErrorOf(missing.status()), "not-found");
+  EXPECT_EQ(Message(missing.status()), "secret secret://nope: refused by the broker: not-found");
+
+  absl::StatusOr<std::string> unbound =
+      client().Resolve("secret://db/password", {"wf-1", "step-2", ""});
+  EXPECT_EQ(BrokerErrorOf(unbound.status()), "not-bound");
+  EXPECT_EQ(unbound.status().code(), absl::StatusCode::kPermissionDenied);
+
+  gateway_->RefuseSecrets("unavailable");
+  absl::StatusOr<std::string> down =
+      client().Resolve("secret://db/password", {"wf-1", "step-1", ""});
+  EXPECT_EQ(down.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(BrokerErrorOf(down.status()), "unavailable");
+  gateway_->RefuseSecrets("");
+
+  gateway_->SetTenantControlled("n-1", true);
+  absl::StatusOr<std::string> tenant =
+      client().Resolve("secret://db/password", {"wf-1", "step-1", ""});
+  EXPECT_EQ(BrokerErrorOf(tenant.status()), "access-denied");
+}
+
+TEST_F(Secrets, AnAnswerThatDoesNotMatchTheRequestIsRefused) {
+  using Fault = DevGateway::SecretFault;
+  for (auto [fault, why] : std::vector<std::pair<Fault, std::string>>{
+           {Fault::kWrongRef, "ref \"secret://db/password-other\" does not match the request's"},
+           {Fault::kWrongRid, "-other\" does not match the request's"},
+           {Fault::kWrongTyp, "typ \"JWT\" is not bcsecret+jwe"},
+           {Fault::kExpired, "expired"}}) {
+    gateway_->SetSecretFault(fault);
+    absl::StatusOr<std::string> value =
+        client().Resolve("secret://db/password", {"wf-1", "step-1", ""});
+    EXPECT_EQ(value.status().code(), absl::StatusCode::kUnauthenticated) << why;
+    EXPECT_NE(Message(value.status()).find("secret secret://db/password: the answer was refused"),
+              std::string::npos)
+        << Message(value.status());
+    EXPECT_NE(Message(value.status()).find(why), std::string::npos) << Message(value.status());
+  }
+}
+
+TEST_F(Secrets, TenSecondsAtMostAndALateAnswerIsIgnored) {
+  gateway_->DelaySecretAnswers(std::chrono::milliseconds(10500));
+  absl::StatusOr<std::string> value =
+      client().Resolve("secret://db/password", {"wf-1", "step-1", ""});
+  EXPECT_EQ(value.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(Message(value.status()), "secret secret://db/password: no answer within 10000 ms");
+  auto deadline = std::chrono::steady_clock::now() + kWait;
+  while (client().unmatched() < 1 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(client().unmatched(), 1) << "the late answer was counted and ignored";
+  ASSERT_TRUE(gateway_->PushStraySecretAnswer("n-1"));
+  while (client().unmatched() < 2 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(client().unmatched(), 2) << "an answer to nothing too";
+}
+
+TEST_F(Secrets, ASessionDropFailsTheWaitAtOnce) {
+  gateway_->DelaySecretAnswers(std::chrono::seconds(8));
+  std::thread dropper([&] {
+    // Once the request is out, the session goes.
+    auto deadline = std::chrono::steady_clock::now() + kWait;
+    while (std::chrono::steady_clock::now() < deadline) {
+      bool asked = false;
+      for (const auto& frame : gateway_->Received("n-1")) asked |= frame.has_secret_request();
+      if (asked) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    gateway_->DropSessions();
+  });
+  absl::StatusOr<std::string> value =
+      client().Resolve("secret://db/password", {"wf-1", "step-1", ""});
+  dropper.join();
+  EXPECT_EQ(value.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Message(value.status()),
+            "secret secret://db/password: the session ended before the answer came");
+}
+
+TEST_F(Secrets, WorkloadTokensForInstancesTheIssuerKnows) {
+  gateway_->AllowWorkloadTokens("vm-1");
+  absl::StatusOr<std::string> token = client().WorkloadToken("vm-1", "sts.example");
+  ASSERT_TRUE(token.ok()) << token.status();
+  EXPECT_EQ(std::count(token->begin(), token->end(), '.'), 2) << "a compact JWT";
+  absl::StatusOr<std::string> other = client().WorkloadToken("vm-2", "");
+  EXPECT_EQ(BrokerErrorOf(other.status()), "not-bound");
+  EXPECT_EQ(Message(other.status()), "workload token for vm-2: refused by the broker: not-bound");
+  gateway_->SetSecretFault(DevGateway::SecretFault::kWrongRef);  // iid no longer matches
+  EXPECT_EQ(client().WorkloadToken("vm-1", "").status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(gateway_->bad_node_sigs(), 0);
+}
+
+}  // namespace
+}  // namespace bcd
