@@ -122,9 +122,14 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
   if (!outbox.ok()) return outbox.status();
   daemon->outbox_ = std::make_unique<Outbox>(*std::move(outbox));
   NodeDaemon* self = daemon.get();
+  daemon->node_key_ = identity->key;
   daemon->renewer_ = std::make_unique<Renewer>(
       spec, dir, trust->node_cas(), env.now, env.uniform01, env.log,
       [self](const Identity& renewed) {
+        {
+          std::lock_guard<std::mutex> lock(self->key_mu_);
+          self->node_key_ = renewed.key;  // requests sign with the key of the current certificate
+        }
         (void)self->engine_->Emit(
             bettercompute::agent::v1::SEVERITY_INFO, "identity.renewed",
             "the node certificate was renewed",
@@ -180,10 +185,9 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
                               [self](const bettercompute::agent::v1::AgentFrame& frame) {
                                 return self->engine_->Send(frame);
                               },
-                          .node_key = [dir]() -> absl::StatusOr<pki::PrivateKey> {
-                            absl::StatusOr<Identity> identity = dir.LoadIdentity();
-                            if (!identity.ok()) return identity.status();
-                            return identity->key;
+                          .node_key = [self]() -> absl::StatusOr<pki::PrivateKey> {
+                            std::lock_guard<std::mutex> lock(self->key_mu_);
+                            return *self->node_key_;
                           },
                           .now = env.now},
       env.log);

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -72,6 +73,8 @@ class NodeDaemon {
   std::unique_ptr<class Dispatcher> dispatcher_;
   std::unique_ptr<class DesiredState> desired_;
   std::unique_ptr<class SecretClient> secrets_;
+  std::mutex key_mu_;
+  std::optional<pki::PrivateKey> node_key_;  // guarded by key_mu_; replaced at each renewal
   // node.reboot: waits out the delay and for the outbox to drain, then runs the reboot command.
   void ScheduleReboot(std::chrono::seconds delay, std::string reason);
   std::vector<std::string> reboot_command_;
