@@ -150,6 +150,11 @@ std::vector<v1::SectionStatus> DesiredState::sections() const {
   return sections_;
 }
 
+std::vector<v1::VpsInstance> DesiredState::vps_instances() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {spec_.vps().instances().begin(), spec_.vps().instances().end()};
+}
+
 std::string DesiredState::tunnel_jwks() const {
   std::lock_guard<std::mutex> lock(mu_);
   return spec_.access().tunnel_jwks();

@@ -54,6 +54,8 @@ class DesiredState {
   std::vector<bettercompute::agent::v1::SectionStatus> sections() const;
   // The access section's tunnel-ticket JWKS (JSON text), empty when none was given.
   std::string tunnel_jwks() const;
+  // The instances the vps section lists (the metadata service answers them).
+  std::vector<bettercompute::agent::v1::VpsInstance> vps_instances() const;
 
  private:
   DesiredState(std::filesystem::path path, std::string node_id, Logger* log)

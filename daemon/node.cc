@@ -7,6 +7,7 @@
 #include "daemon/handlers.h"
 #include "daemon/http_upload.h"
 #include "daemon/identity.h"
+#include "daemon/imds.h"
 #include "daemon/renew.h"
 #include "daemon/secrets.h"
 #include "daemon/subprocess.h"
@@ -209,6 +210,33 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
   });
   daemon->desired_->Reapply();
   daemon->engine_->set_desired(daemon->desired_.get());
+  if (mode == proto::Mode::kNode && config.imds_listen()) {
+    absl::StatusOr<std::unique_ptr<ImdsServer>> imds = ImdsServer::Start(
+        {.host = config.imds_listen()->host,
+         .port = config.imds_listen()->port,
+         .instances = [self] { return self->desired_->vps_instances(); },
+         .user_data =
+             [self](const bettercompute::agent::v1::VpsInstance& instance) {
+               return self->secrets_->Resolve(instance.user_data_ref(),
+                                              {.allocation_id = instance.allocation_id()});
+             },
+         .token =
+             [self](const bettercompute::agent::v1::VpsInstance& instance,
+                    const std::string& audience) {
+               return self->secrets_->WorkloadToken(instance.instance_id(), audience);
+             },
+         .now = env.now},
+        env.log);
+    if (!imds.ok()) {
+      // The node goes on without it; the gateway hears why.
+      std::string why(ToStd(imds.status().message()));
+      env.log->Error("imds.unavailable", {{"error", why}});
+      (void)daemon->engine_->Emit(bettercompute::agent::v1::SEVERITY_ERROR, "imds.unavailable",
+                                  why);
+    } else {
+      daemon->imds_ = *std::move(imds);
+    }
+  }
   if (QueryControl(dir.path() / "bcd.sock").ok()) {
     return absl::FailedPreconditionError(
         fmt::format("another bcd is already running on {}", dir.path().string()));
@@ -286,6 +314,8 @@ absl::Status NodeDaemon::Run() {
 }
 
 int NodeDaemon::renewals() const { return renewer_->renewals(); }
+
+uint16_t NodeDaemon::imds_port() const { return imds_ ? imds_->port() : 0; }
 
 bool NodeDaemon::WaitForRenewals(int count, std::chrono::milliseconds timeout) const {
   return renewer_->WaitForRenewals(count, timeout);

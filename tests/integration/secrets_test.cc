@@ -4,13 +4,20 @@
 
 #include "daemon/secrets.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <sstream>
 #include <thread>
 
+#include "daemon/desired.h"
 #include "daemon/join.h"
 #include "daemon/node.h"
 #include "gtest/gtest.h"
 #include "proto/absl_compat.h"
+#include "testing/child_process.h"
 #include "testing/dev_gateway.h"
 #include "tests/unit/fake_root.h"
 
@@ -20,6 +27,7 @@ namespace {
 using bcd::testing::DevGateway;
 using bcd::testing::DevPki;
 using bcd::testing::FakeRoot;
+namespace v1 = bettercompute::agent::v1;
 using std::chrono::seconds;
 
 constexpr auto kWait = seconds(20);
@@ -30,12 +38,13 @@ class Secrets : public ::testing::Test {
  protected:
   Secrets() : pki_(*DevPki::Create(std::time(nullptr))) {
     gateway_ = *DevGateway::Start(pki_, {});
-    Config config =
-        *Config::Parse("gateway_url = \"https://127.0.0.1:" + std::to_string(gateway_->port()) +
-                           "\"\ngateway_server_name = \"" + DevPki::kGatewayName +
-                           "\"\ngateway_ca_spki_sha256 = \"" + pki_.ServingCaPinHex() +
-                           "\"\nstate_dir = \"" + (dir_.path() / "state").string() + "\"\n",
-                       "test.toml");
+    Config config = *Config::Parse(
+        "gateway_url = \"https://127.0.0.1:" + std::to_string(gateway_->port()) +
+            "\"\ngateway_server_name = \"" + DevPki::kGatewayName +
+            "\"\ngateway_ca_spki_sha256 = \"" + pki_.ServingCaPinHex() + "\"\nstate_dir = \"" +
+            (dir_.path() / "state").string() + "\"\n[imds]\nlisten = \"127.0.0.1:" +
+            std::to_string(bcd::testing::FreeLoopbackPort()) + "\"\n",
+        "test.toml");
     JoinSpec spec{.evidence = gateway_->AddJoinToken("n-1"),
                   .now = [] { return static_cast<int64_t>(std::time(nullptr)); },
                   .sleep = [](seconds) {}};
@@ -175,6 +184,68 @@ TEST_F(Secrets, WorkloadTokensForInstancesTheIssuerKnows) {
   gateway_->SetSecretFault(DevGateway::SecretFault::kWrongRef);  // iid no longer matches
   EXPECT_EQ(client().WorkloadToken("vm-1", "").status().code(), absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(gateway_->bad_node_sigs(), 0);
+}
+
+// One HTTP request from `source` to the metadata service; the status line's code and the body.
+std::pair<int, std::string> AskImds(const std::string& source, uint16_t port,
+                                    const std::string& request) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in from{}, to{};
+  from.sin_family = to.sin_family = AF_INET;
+  inet_pton(AF_INET, source.c_str(), &from.sin_addr);
+  inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+  to.sin_port = htons(port);
+  bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
+    close(fd);
+    return {0, ""};
+  }
+  (void)!write(fd, request.data(), request.size());
+  std::string answer;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = read(fd, buffer, sizeof buffer)) > 0)
+    answer.append(buffer, static_cast<std::size_t>(n));
+  close(fd);
+  std::size_t body = answer.find("\r\n\r\n");
+  if (answer.size() < 12 || body == std::string::npos) return {0, answer};
+  return {std::stoi(answer.substr(9, 3)), answer.substr(body + 4)};
+}
+
+TEST_F(Secrets, TheMetadataServiceAnswersTheInstancesOfTheSpec) {
+  gateway_->AddSecret("secret://vm-a/cloud-init", "S3CR3T-cloud-init", {"", "", "alloc-a"});
+  gateway_->AllowWorkloadTokens("vm-a");
+  v1::NodeSpec spec;
+  spec.set_generation(1);
+  spec.set_node_id("n-1");
+  v1::VpsInstance* vm = spec.mutable_vps()->add_instances();
+  vm->set_instance_id("vm-a");
+  vm->set_allocation_id("alloc-a");
+  vm->set_address("127.0.0.2");
+  vm->set_user_data_ref("secret://vm-a/cloud-init");
+  v1::ServerFrame frame;
+  *frame.mutable_desired_state() = pki_.SignSpec(spec);
+  ASSERT_TRUE(gateway_->Push("n-1", frame));
+  auto deadline = std::chrono::steady_clock::now() + kWait;
+  while (daemon_->desired().applied_generation() != 1 &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  uint16_t port = daemon_->imds_port();
+  ASSERT_NE(port, 0);
+  auto [status, token] =
+      AskImds("127.0.0.2", port,
+              "PUT /v1/api/token HTTP/1.1\r\nX-BC-Metadata-Token-TTL-Seconds: 60\r\n\r\n");
+  ASSERT_EQ(status, 200) << token;
+  std::string auth = "X-BC-Metadata-Token: " + token + "\r\n\r\n";
+  auto [data_status, data] = AskImds("127.0.0.2", port, "GET /v1/user-data HTTP/1.1\r\n" + auth);
+  EXPECT_EQ(data_status, 200);
+  EXPECT_EQ(data, "S3CR3T-cloud-init");
+  auto [jwt_status, jwt] =
+      AskImds("127.0.0.2", port, "GET /v1/token?audience=sts HTTP/1.1\r\n" + auth);
+  EXPECT_EQ(jwt_status, 200) << jwt;
+  EXPECT_EQ(std::count(jwt.begin(), jwt.end(), '.'), 2);
+  EXPECT_EQ(AskImds("127.0.0.3", port, "GET /v1/meta-data HTTP/1.1\r\n" + auth).first, 404)
+      << "no instance holds 127.0.0.3";
 }
 
 }  // namespace

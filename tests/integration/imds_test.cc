@@ -1,0 +1,182 @@
+// The instance metadata service on loopback: two instances at 127.0.0.2 and 127.0.0.3 (loopback
+// aliases: a client socket bound to each), real HTTP over real sockets.
+
+#include "daemon/imds.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <sstream>
+
+#include "gtest/gtest.h"
+
+namespace bcd {
+namespace {
+
+namespace v1 = bettercompute::agent::v1;
+
+struct Reply {
+  int status = 0;
+  std::string body;
+};
+
+// One HTTP/1.1 request from `source` to 127.0.0.1:port.
+Reply Ask(const std::string& source, uint16_t port, const std::string& method,
+          const std::string& target, const std::vector<std::string>& headers = {}) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  inet_pton(AF_INET, source.c_str(), &from.sin_addr);
+  bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(port);
+  inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
+    close(fd);
+    return {};
+  }
+  std::string request = method + " " + target + " HTTP/1.1\r\nHost: 169.254.169.254\r\n";
+  for (const std::string& header : headers) request += header + "\r\n";
+  request += "\r\n";
+  (void)!write(fd, request.data(), request.size());
+  std::string answer;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = read(fd, buffer, sizeof buffer)) > 0)
+    answer.append(buffer, static_cast<std::size_t>(n));
+  close(fd);
+  Reply reply;
+  if (answer.size() > 12) reply.status = std::stoi(answer.substr(9, 3));
+  if (std::size_t at = answer.find("\r\n\r\n"); at != std::string::npos)
+    reply.body = answer.substr(at + 4);
+  return reply;
+}
+
+class Imds : public ::testing::Test {
+ protected:
+  Imds() {
+    v1::VpsInstance a, b;
+    a.set_instance_id("vm-a");
+    a.set_allocation_id("alloc-a");
+    a.set_address("127.0.0.2");
+    a.set_user_data_ref("secret://vm-a/cloud-init");
+    b.set_instance_id("vm-b");
+    b.set_address("127.0.0.3");
+    instances_ = {a, b};
+    server_ = *ImdsServer::Start(
+        {.host = "127.0.0.1",
+         .port = 0,
+         .instances = [this] { return instances_; },
+         .user_data = [this](const v1::VpsInstance& i) -> absl::StatusOr<std::string> {
+           ++fetches_;
+           return "#cloud-config for " + i.instance_id() + " (" + i.allocation_id() + ")";
+         },
+         .token = [](const v1::VpsInstance& i,
+                     const std::string& audience) -> absl::StatusOr<std::string> {
+           if (audience == "refused") return absl::PermissionDeniedError("not-bound");
+           return "jwt-for-" + i.instance_id() + "-" + audience;
+         },
+         .now = [this] { return now_; }},
+        &log_);
+  }
+  std::string TokenFor(const std::string& source, int ttl = 60) {
+    Reply reply = Ask(source, server_->port(), "PUT", "/v1/api/token",
+                      {"X-BC-Metadata-Token-TTL-Seconds: " + std::to_string(ttl)});
+    EXPECT_EQ(reply.status, 200) << reply.body;
+    return reply.body;
+  }
+
+  std::vector<v1::VpsInstance> instances_;
+  int64_t now_ = 1000;
+  int fetches_ = 0;
+  std::ostringstream log_text_;
+  Logger log_{&log_text_, LogLevel::kInfo};
+  std::unique_ptr<ImdsServer> server_;
+};
+
+TEST_F(Imds, EachInstanceGetsItsOwnMetadataWithAToken) {
+  std::string a = TokenFor("127.0.0.2");
+  Reply meta =
+      Ask("127.0.0.2", server_->port(), "GET", "/v1/meta-data", {"X-BC-Metadata-Token: " + a});
+  EXPECT_EQ(meta.status, 200);
+  EXPECT_EQ(meta.body, R"({"addresses":["127.0.0.2"],"hostname":"vm-a","instance_id":"vm-a"})");
+  std::string b = TokenFor("127.0.0.3");
+  Reply other =
+      Ask("127.0.0.3", server_->port(), "GET", "/v1/meta-data", {"X-BC-Metadata-Token: " + b});
+  EXPECT_NE(other.body.find("\"vm-b\""), std::string::npos);
+  Reply user =
+      Ask("127.0.0.2", server_->port(), "GET", "/v1/user-data", {"X-BC-Metadata-Token: " + a});
+  EXPECT_EQ(user.body, "#cloud-config for vm-a (alloc-a)");
+  EXPECT_EQ(Ask("127.0.0.3", server_->port(), "GET", "/v1/user-data", {"X-BC-Metadata-Token: " + b})
+                .status,
+            404)
+      << "vm-b has no user data";
+  Reply jwt = Ask("127.0.0.2", server_->port(), "GET", "/v1/token?audience=sts.example",
+                  {"X-BC-Metadata-Token: " + a});
+  EXPECT_EQ(jwt.body, "jwt-for-vm-a-sts.example");
+  EXPECT_EQ(Ask("127.0.0.2", server_->port(), "GET", "/v1/token?audience=refused",
+                {"X-BC-Metadata-Token: " + a})
+                .status,
+            502);
+  // Nothing is cached: a second read fetches again.
+  Ask("127.0.0.2", server_->port(), "GET", "/v1/user-data", {"X-BC-Metadata-Token: " + a});
+  EXPECT_EQ(fetches_, 2);
+}
+
+TEST_F(Imds, TokensAreRequiredBoundToTheirAddressAndExpire) {
+  EXPECT_EQ(Ask("127.0.0.2", server_->port(), "GET", "/v1/meta-data").status, 401);
+  std::string a = TokenFor("127.0.0.2", 30);
+  EXPECT_EQ(Ask("127.0.0.3", server_->port(), "GET", "/v1/meta-data", {"X-BC-Metadata-Token: " + a})
+                .status,
+            401)
+      << "another instance cannot use vm-a's token";
+  EXPECT_EQ(Ask("127.0.0.2", server_->port(), "GET", "/v1/meta-data", {"X-BC-Metadata-Token: " + a})
+                .status,
+            200);
+  now_ += 30;
+  EXPECT_EQ(Ask("127.0.0.2", server_->port(), "GET", "/v1/meta-data", {"X-BC-Metadata-Token: " + a})
+                .status,
+            401)
+      << "expired";
+}
+
+TEST_F(Imds, RefusesStrangersRelaysAndBadTtls) {
+  EXPECT_EQ(Ask("127.0.0.4", server_->port(), "PUT", "/v1/api/token",
+                {"X-BC-Metadata-Token-TTL-Seconds: 60"})
+                .status,
+            404);
+  EXPECT_EQ(Ask("127.0.0.4", server_->port(), "GET", "/v1/meta-data").status, 404);
+  EXPECT_EQ(Ask("127.0.0.2", server_->port(), "PUT", "/v1/api/token",
+                {"X-BC-Metadata-Token-TTL-Seconds: 60", "X-Forwarded-For: 10.0.0.9"})
+                .status,
+            403);
+  for (const char* ttl : {"0", "21601", "soon", ""}) {
+    Reply reply = Ask("127.0.0.2", server_->port(), "PUT", "/v1/api/token",
+                      {std::string("X-BC-Metadata-Token-TTL-Seconds: ") + ttl});
+    EXPECT_EQ(reply.status, 400) << ttl;
+    EXPECT_EQ(reply.body, "X-BC-Metadata-Token-TTL-Seconds must be 1 to 21600\n");
+  }
+  std::string a = TokenFor("127.0.0.2");
+  EXPECT_EQ(
+      Ask("127.0.0.2", server_->port(), "POST", "/v1/meta-data", {"X-BC-Metadata-Token: " + a})
+          .status,
+      405);
+  EXPECT_EQ(
+      Ask("127.0.0.2", server_->port(), "GET", "/v1/nothing", {"X-BC-Metadata-Token: " + a}).status,
+      404);
+  // A header past the bound ends the connection without an answer.
+  EXPECT_EQ(Ask("127.0.0.2", server_->port(), "GET", "/v1/meta-data",
+                {"X-Big: " + std::string(20000, 'x')})
+                .status,
+            0);
+  // The service is still there.
+  EXPECT_EQ(Ask("127.0.0.2", server_->port(), "GET", "/v1/meta-data", {"X-BC-Metadata-Token: " + a})
+                .status,
+            200);
+}
+
+}  // namespace
+}  // namespace bcd
