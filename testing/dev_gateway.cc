@@ -303,6 +303,13 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
                                                   : 0;
       bool ack = false;
       if (state_->options.on_frame) state_->options.on_frame(node, frame);
+      {
+        std::lock_guard<std::mutex> lock(state_->mu);
+        state_->received[node].push_back(frame);
+        ack = seq != 0 && !state_->withhold_acks;
+        state_->cv.notify_all();
+      }
+      // Answered after it is recorded: what a test sees received precedes the answer.
       if (frame.has_secret_request() || frame.has_workload_token_request()) {
         std::optional<v1::ServerFrame> answer = AnswerSecret(node, *cert, frame);
         std::chrono::milliseconds delay;
@@ -320,12 +327,6 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
           std::lock_guard<std::mutex> lock(session->write_mu);
           stream->Write(*answer);
         }
-      }
-      {
-        std::lock_guard<std::mutex> lock(state_->mu);
-        state_->received[node].push_back(frame);
-        ack = seq != 0 && !state_->withhold_acks;
-        state_->cv.notify_all();
       }
       if (ack) {
         v1::ServerFrame reply;
