@@ -3,6 +3,8 @@
 //   bcd-dev up [--dir DIR] [--seconds N] [--protocol MIN..MAX] [--bcd PATH]
 //   bcd-dev run KIND [JSON] [--dir DIR]
 //   bcd-dev spec JSON [--dir DIR]
+//   bcd-dev secret REF VALUE (--step WORKFLOW/STEP | --allocation ID | --host SECTION/FIELD)
+//                 [--dir DIR]
 //
 // `up` starts the dev gateway on loopback with a fresh dev PKI, joins a `bcd node` to it with a
 // one-time token, hands it the dev approver set, runs the node in the foreground (its log lines on
@@ -10,7 +12,8 @@
 // SIGTERM and prints `bcd status`. While it runs, `run` signs a command of KIND with the JSON
 // payload (approved by the dev approvers when the kind needs a quorum), sends it to the node and
 // prints its updates and result; `spec` signs and sends desired state and prints the SpecAck.
-// Both find the running stack through DIR/dev.sock; DIR defaults to the last `up`'s.
+// `secret` puts a secret in the dev broker, bound as given. All three find the running stack
+// through DIR/dev.sock; DIR defaults to the last `up`'s.
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -41,7 +44,9 @@ int Usage() {
   std::fprintf(stderr,
                "usage: bcd-dev up [--dir DIR] [--seconds N] [--protocol MIN..MAX] [--bcd PATH]\n"
                "       bcd-dev run KIND [JSON] [--dir DIR]\n"
-               "       bcd-dev spec JSON [--dir DIR]\n");
+               "       bcd-dev spec JSON [--dir DIR]\n"
+               "       bcd-dev secret REF VALUE (--step WORKFLOW/STEP | --allocation ID |\n"
+               "                                 --host SECTION/FIELD) [--dir DIR]\n");
   return 2;
 }
 
@@ -57,10 +62,21 @@ std::filesystem::path CurrentFile() {
 int Ask(const std::vector<std::string>& args) {
   std::vector<std::string> positional;
   std::string dir;
+  nlohmann::json binding = nlohmann::json::object();
   for (std::size_t i = 1; i < args.size(); ++i) {
+    bool takes_value = args[i] == "--dir" || args[i] == "--step" || args[i] == "--allocation" ||
+                       args[i] == "--host";
+    if (takes_value && i + 1 >= args.size()) return Usage();
     if (args[i] == "--dir") {
-      if (i + 1 >= args.size()) return Usage();
       dir = args[++i];
+    } else if (args[i] == "--step" || args[i] == "--host") {
+      std::string value = args[++i];
+      std::size_t slash = value.find('/');
+      if (slash == std::string::npos) return Usage();
+      binding["workflow_id"] = (args[i - 1] == "--host" ? "host:" : "") + value.substr(0, slash);
+      binding["step_id"] = value.substr(slash + 1);
+    } else if (args[i] == "--allocation") {
+      binding["allocation_id"] = args[++i];
     } else {
       positional.push_back(args[i]);
     }
@@ -73,6 +89,11 @@ int Ask(const std::vector<std::string>& args) {
       if (request["payload"].is_discarded())
         return std::fprintf(stderr, "bcd-dev: the payload is not JSON\n"), 2;
     }
+  } else if (args[0] == "secret" && positional.size() == 2 && !binding.empty()) {
+    request = binding;
+    request["op"] = "secret";
+    request["ref"] = positional[0];
+    request["value"] = positional[1];
   } else if (args[0] == "spec" && positional.size() == 1) {
     request = {{"op", "spec"}, {"spec", nlohmann::json::parse(positional[0], nullptr, false)}};
     if (request["spec"].is_discarded())
@@ -101,7 +122,8 @@ int Ask(const std::vector<std::string>& args) {
   std::printf("%s\n", reply["answer"].dump(2).c_str());
   const nlohmann::json& outcome = reply["answer"];
   bool good = outcome.value("state", "") == "COMMAND_STATE_SUCCEEDED" ||
-              outcome.value("state", "") == "SPEC_ACK_STATE_APPLIED";
+              outcome.value("state", "") == "SPEC_ACK_STATE_APPLIED" ||
+              outcome.value("bound", false);
   return good ? 0 : 1;
 }
 
@@ -109,7 +131,8 @@ int Ask(const std::vector<std::string>& args) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  if (!args.empty() && (args[0] == "run" || args[0] == "spec")) return Ask(args);
+  if (!args.empty() && (args[0] == "run" || args[0] == "spec" || args[0] == "secret"))
+    return Ask(args);
   if (args.empty() || args[0] != "up") return Usage();
   std::string dir, protocol = "1..1", bcd = BCD_DEFAULT_BINARY;
   int seconds = 0;

@@ -172,6 +172,19 @@ std::string DevControlPlane::Handle(const std::string& text, const std::string& 
   } else if (request.is_object() && request.value("op", "") == "spec" && request.contains("spec")) {
     answer = ApplySpec(node, request["spec"].dump(), std::chrono::seconds(30));
   }
+  if (request.is_object() && request.value("op", "") == "secret" && request["ref"].is_string() &&
+      request["value"].is_string()) {
+    DevGateway::SecretBinding binding{request.value("workflow_id", ""),
+                                      request.value("step_id", ""),
+                                      request.value("allocation_id", "")};
+    bool step = !binding.workflow_id.empty() && !binding.step_id.empty();
+    if (!step && binding.allocation_id.empty()) {
+      return json{{"ok", false}, {"error", "a secret is bound to a workflow step or an allocation"}}
+          .dump();
+    }
+    gateway_->AddSecret(request["ref"], request["value"], binding);
+    answer = json{{"ref", request["ref"]}, {"bound", true}}.dump();
+  }
   if (!answer.ok()) return json{{"ok", false}, {"error", ToStd(answer.status().message())}}.dump();
   return json{{"ok", true}, {"answer", json::parse(*answer)}}.dump(2);
 }

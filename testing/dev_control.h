@@ -45,8 +45,10 @@ class DevControlPlane {
                                         std::chrono::milliseconds timeout);
 
   // Serves requests on a unix socket (0600) until destroyed. A request is one JSON object:
-  // {"op": "run", "kind": K, "payload": {...}} or {"op": "spec", "spec": {...}}; the answer is
-  // {"ok": true, "answer": {...}} or {"ok": false, "error": "..."}.
+  // {"op": "run", "kind": K, "payload": {...}}, {"op": "spec", "spec": {...}} or
+  // {"op": "secret", "ref": R, "value": V, "workflow_id"/"step_id"/"allocation_id": ...} (puts a
+  // secret in the dev broker); the answer is {"ok": true, "answer": {...}} or
+  // {"ok": false, "error": "..."}.
   absl::Status Serve(const std::filesystem::path& socket, const std::string& node);
 
  private:

@@ -70,6 +70,12 @@ TEST(DevStack, RunAndSpecAgainstARunningUp) {
   EXPECT_EQ(unknown.status, 1);
   EXPECT_EQ(unknown.out, "bcd-dev: unknown kind \"disk.format\"\n");
 
+  Ran secret = RunTool(tool + " secret secret://db/pw dev-value --step wf-1/step-1 --dir " + stack);
+  EXPECT_EQ(secret.status, 0) << secret.out;
+  EXPECT_NE(secret.out.find("\"bound\": true"), std::string::npos) << secret.out;
+  EXPECT_EQ(RunTool(tool + " secret secret://db/pw dev-value --dir " + stack).status, 2)
+      << "a secret needs a binding";
+
   // Without --dir, run finds the stack up recorded.
   Ran found = RunTool(tool + " run inventory.refresh");
   EXPECT_EQ(found.status, 0) << found.out;
