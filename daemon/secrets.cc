@@ -140,6 +140,11 @@ absl::StatusOr<std::vector<std::string>> SecretClient::ResolveAll(
   return values;
 }
 
+absl::StatusOr<std::vector<std::string>> SecretClient::ResolveFor(
+    const v1::Command& command, const std::vector<std::string>& refs) {
+  return ResolveAll(refs, {command.workflow_id(), command.step_id(), command.allocation_id()});
+}
+
 absl::StatusOr<std::string> SecretClient::WorkloadToken(const std::string& instance_id,
                                                         const std::string& audience) {
   std::string what = fmt::format("workload token for {}", instance_id);

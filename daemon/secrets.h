@@ -62,6 +62,9 @@ class SecretClient {
   // Every ref of one command or spec section, in order; the first failure ends the call.
   absl::StatusOr<std::vector<std::string>> ResolveAll(const std::vector<std::string>& refs,
                                                       const SecretBinding& binding);
+  // The one call a handler makes: `refs` bound to its command's workflow, step and allocation.
+  absl::StatusOr<std::vector<std::string>> ResolveFor(
+      const bettercompute::agent::v1::Command& command, const std::vector<std::string>& refs);
   // A workload identity token (a JWT) for `instance_id`; audience empty for the default.
   absl::StatusOr<std::string> WorkloadToken(const std::string& instance_id,
                                             const std::string& audience);

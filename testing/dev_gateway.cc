@@ -57,13 +57,14 @@ struct DevGateway::State {
     std::string value;
     DevGateway::SecretBinding binding;
   };
-  std::map<std::string, Secret> secrets;      // by ref; guarded by mu
-  std::string secret_refusal;                 // guarded by mu
-  std::set<std::string> tenant_nodes;         // guarded by mu
-  DevGateway::SecretFault secret_fault{};     // guarded by mu
-  std::chrono::milliseconds secret_delay{0};  // guarded by mu
-  int bad_node_sigs = 0;                      // guarded by mu
-  std::set<std::string> workload_instances;   // guarded by mu
+  std::map<std::string, Secret> secrets;       // by ref; guarded by mu
+  std::string secret_refusal;                  // guarded by mu
+  std::set<std::string> tenant_nodes;          // guarded by mu
+  DevGateway::SecretFault secret_fault{};      // guarded by mu
+  std::chrono::milliseconds secret_delay{0};   // guarded by mu
+  int bad_node_sigs = 0;                       // guarded by mu
+  std::optional<pki::PublicKey> node_sig_key;  // guarded by mu
+  std::set<std::string> workload_instances;    // guarded by mu
   pki::PrivateKey workload_issuer = *pki::PrivateKey::Generate();
   std::set<std::string> renew_nonces;  // guarded by mu
   DevGatewayOptions options;
@@ -360,6 +361,10 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
     std::string rid = workload ? token.request_id() : secret.request_id();
     std::string epk = workload ? token.epk() : secret.epk();
     absl::StatusOr<pki::PublicKey> node_key = cert.Key();
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      if (state_->node_sig_key) node_key = *state_->node_sig_key;
+    }
     bool signed_ok = node_key.ok() && node_key->VerifyEs256(input, node_sig).ok();
     std::lock_guard<std::mutex> lock(state_->mu);
     if (state_->secret_fault == DevGateway::SecretFault::kNoAnswer) return std::nullopt;
@@ -629,6 +634,11 @@ void DevGateway::SetSecretFault(SecretFault fault) {
 void DevGateway::DelaySecretAnswers(std::chrono::milliseconds delay) {
   std::lock_guard<std::mutex> lock(state_->mu);
   state_->secret_delay = delay;
+}
+
+void DevGateway::VerifyNodeSigsWith(const pki::PublicKey& key) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->node_sig_key = key;
 }
 
 int DevGateway::bad_node_sigs() const {

@@ -103,8 +103,11 @@ class DevGateway {
   void SetSecretFault(SecretFault fault);
   // Answers come this late (from another thread).
   void DelaySecretAnswers(std::chrono::milliseconds delay);
-  // Requests whose node_sig did not verify.
+  // Requests whose node_sig did not verify (answered access-denied).
   int bad_node_sigs() const;
+  // node_sig is checked against this key instead of the session's certificate (a test of the
+  // check itself).
+  void VerifyNodeSigsWith(const pki::PublicKey& key);
   // The workload-token issuer: tokens for `instance_id` when its allocation holds it.
   void AllowWorkloadTokens(const std::string& instance_id);
   // Sends an answer to nothing on the open session of `node_id`.

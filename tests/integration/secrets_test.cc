@@ -86,12 +86,18 @@ TEST_F(Secrets, ValuesComeForTheirBindings) {
   absl::StatusOr<std::vector<std::string>> both =
       client().ResolveAll({"secret://db/password", "secret://db/password"}, {"wf-1", "step-1", ""});
   EXPECT_EQ(*both, (std::vector<std::string>{"S3CR3T-db", "S3CR3T-db"}));
+  v1::Command command;  // a handler's one call, bound to its command
+  command.set_workflow_id("wf-7");
+  command.set_step_id("step-3");
+  command.set_allocation_id("alloc-9");
+  EXPECT_EQ(*client().ResolveFor(command, {"vault://alloc/key"}),
+            std::vector<std::string>{"S3CR3T-alloc"});
   EXPECT_EQ(gateway_->bad_node_sigs(), 0) << "the broker verified every node_sig";
   // The requests carried a fresh key each time.
   std::set<std::string> epks;
   for (const auto& frame : gateway_->Received("n-1"))
     if (frame.has_secret_request()) epks.insert(frame.secret_request().epk());
-  EXPECT_EQ(epks.size(), 5u);
+  EXPECT_EQ(epks.size(), 6u);
 }
 
 TEST_F(Secrets, EachRefusalIsTypedAndNamesTheRef) {
@@ -116,6 +122,17 @@ TEST_F(Secrets, EachRefusalIsTypedAndNamesTheRef) {
   absl::StatusOr<std::string> tenant =
       client().Resolve("secret://db/password", {"wf-1", "step-1", ""});
   EXPECT_EQ(BrokerErrorOf(tenant.status()), "access-denied");
+}
+
+TEST_F(Secrets, TheBrokerChecksNodeSig) {
+  ASSERT_TRUE(client().Resolve("secret://db/password", {"wf-1", "step-1", ""}).ok());
+  EXPECT_EQ(gateway_->bad_node_sigs(), 0);
+  // Checked against another key, bcd's signature no longer verifies: refused.
+  gateway_->VerifyNodeSigsWith(pki::PrivateKey::Generate()->Public());
+  absl::StatusOr<std::string> value =
+      client().Resolve("secret://db/password", {"wf-1", "step-1", ""});
+  EXPECT_EQ(BrokerErrorOf(value.status()), "access-denied");
+  EXPECT_EQ(gateway_->bad_node_sigs(), 1);
 }
 
 TEST_F(Secrets, AnAnswerThatDoesNotMatchTheRequestIsRefused) {
