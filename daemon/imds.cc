@@ -10,8 +10,10 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <sstream>
 #include <utility>
 
 #include "fmt/format.h"
@@ -95,6 +97,10 @@ void ImdsServer::Loop() {
   }
 }
 
+struct ImdsServer::Parsed {
+  http::request<http::empty_body> request;
+};
+
 void ImdsServer::Serve(int fd, const std::string& peer) {
   net::io_context ioc;
   tcp::socket socket(ioc);
@@ -106,13 +112,39 @@ void ImdsServer::Serve(int fd, const std::string& peer) {
   }
   beast::flat_buffer buffer(16 * 1024);
   http::request_parser<http::empty_body> parser;
-  parser.header_limit(8 * 1024);
+  parser.header_limit(kMaxHeaderBytes);
   parser.body_limit(0);
   http::read(socket, buffer, parser, ec);
   if (ec) return;  // the socket closes with `socket`
-  const auto& request = parser.get();
-  auto reply = [&](http::response<http::string_body> response) {
-    http::write(socket, response, ec);
+  bool hop_limit_one = false;
+  std::string answer = Respond(Parsed{parser.release()}, peer, &hop_limit_one);
+  if (hop_limit_one) {
+    // The answer goes no further than the next hop.
+    int ttl = 1;
+    setsockopt(socket.native_handle(), IPPROTO_IP, IP_TTL, &ttl, sizeof ttl);
+  }
+  net::write(socket, net::buffer(answer), ec);
+}
+
+std::string ImdsServer::AnswerBytes(std::string_view bytes, const std::string& peer) {
+  http::request_parser<http::empty_body> parser;
+  parser.header_limit(kMaxHeaderBytes);
+  parser.body_limit(0);
+  parser.eager(true);
+  beast::error_code ec;
+  parser.put(net::buffer(bytes.data(), bytes.size()), ec);
+  if (ec || !parser.is_done()) return "";
+  bool hop_limit_one = false;
+  return Respond(Parsed{parser.release()}, peer, &hop_limit_one);
+}
+
+std::string ImdsServer::Respond(const Parsed& parsed, const std::string& peer,
+                                bool* hop_limit_one) {
+  const auto& request = parsed.request;
+  auto reply = [](http::response<http::string_body> response) {
+    std::ostringstream out;
+    out << response;
+    return out.str();
   };
   // Which instance is asking.
   std::optional<v1::VpsInstance> instance;
@@ -152,9 +184,7 @@ void ImdsServer::Serve(int fd, const std::string& peer) {
       }
       tokens_[token] = {peer, now + ttl};
     }
-    // The answer goes no further than the next hop.
-    int hop_limit = 1;
-    setsockopt(socket.native_handle(), IPPROTO_IP, IP_TTL, &hop_limit, sizeof hop_limit);
+    *hop_limit_one = true;
     return reply(Answer(http::status::ok, token));
   }
   if (request.method() != http::verb::get) {

@@ -52,11 +52,19 @@ class ImdsServer {
 
   static constexpr int64_t kMaxTokenTtl = 21600;
   static constexpr std::size_t kMaxTokens = 4096;
+  static constexpr std::size_t kMaxHeaderBytes = 8 * 1024;
+
+  // The answer, as sent, to one request given as its bytes from `peer` ("" when the bytes are
+  // not one whole bounded request). The fuzz target drives the request handling through it.
+  std::string AnswerBytes(std::string_view bytes, const std::string& peer);
 
  private:
   ImdsServer(ImdsOptions options, Logger* log) : options_(std::move(options)), log_(log) {}
   void Loop();
+  struct Parsed;  // a parsed request (Beast stays in imds.cc)
   void Serve(int fd, const std::string& peer);
+  // The serialized answer; `hop_limit_one` is set when it must leave with IP TTL 1.
+  std::string Respond(const Parsed& request, const std::string& peer, bool* hop_limit_one);
 
   struct Token {
     std::string address;
