@@ -16,5 +16,9 @@ pid_t SpawnChild(const std::vector<std::string>& argv);
 int WaitChild(pid_t pid);
 // A free loopback port (bound, read, released) for a server a child or a restart will listen on.
 int FreeLoopbackPort();
+// Sends `request` over TCP from `source` (an address of this machine, e.g. a loopback alias) to
+// 127.0.0.1:`port` and returns everything the server wrote before closing ("" when it would not
+// connect). For servers that answer by source address.
+std::string SendFrom(const std::string& source, int port, const std::string& request);
 
 }  // namespace bcd::testing

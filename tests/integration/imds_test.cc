@@ -3,14 +3,10 @@
 
 #include "daemon/imds.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <sstream>
 
 #include "gtest/gtest.h"
+#include "testing/child_process.h"
 
 namespace bcd {
 namespace {
@@ -25,29 +21,9 @@ struct Reply {
 // One HTTP/1.1 request from `source` to 127.0.0.1:port.
 Reply Ask(const std::string& source, uint16_t port, const std::string& method,
           const std::string& target, const std::vector<std::string>& headers = {}) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in from{};
-  from.sin_family = AF_INET;
-  inet_pton(AF_INET, source.c_str(), &from.sin_addr);
-  bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from);
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(port);
-  inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
-    close(fd);
-    return {};
-  }
   std::string request = method + " " + target + " HTTP/1.1\r\nHost: 169.254.169.254\r\n";
   for (const std::string& header : headers) request += header + "\r\n";
-  request += "\r\n";
-  (void)!write(fd, request.data(), request.size());
-  std::string answer;
-  char buffer[4096];
-  ssize_t n;
-  while ((n = read(fd, buffer, sizeof buffer)) > 0)
-    answer.append(buffer, static_cast<std::size_t>(n));
-  close(fd);
+  std::string answer = bcd::testing::SendFrom(source, port, request + "\r\n");
   Reply reply;
   if (answer.size() > 12) reply.status = std::stoi(answer.substr(9, 3));
   if (std::size_t at = answer.find("\r\n\r\n"); at != std::string::npos)

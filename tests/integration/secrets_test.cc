@@ -4,11 +4,6 @@
 
 #include "daemon/secrets.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <sstream>
 #include <thread>
 
@@ -206,24 +201,7 @@ TEST_F(Secrets, WorkloadTokensForInstancesTheIssuerKnows) {
 // One HTTP request from `source` to the metadata service; the status line's code and the body.
 std::pair<int, std::string> AskImds(const std::string& source, uint16_t port,
                                     const std::string& request) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in from{}, to{};
-  from.sin_family = to.sin_family = AF_INET;
-  inet_pton(AF_INET, source.c_str(), &from.sin_addr);
-  inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
-  to.sin_port = htons(port);
-  bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
-    close(fd);
-    return {0, ""};
-  }
-  (void)!write(fd, request.data(), request.size());
-  std::string answer;
-  char buffer[4096];
-  ssize_t n;
-  while ((n = read(fd, buffer, sizeof buffer)) > 0)
-    answer.append(buffer, static_cast<std::size_t>(n));
-  close(fd);
+  std::string answer = bcd::testing::SendFrom(source, port, request);
   std::size_t body = answer.find("\r\n\r\n");
   if (answer.size() < 12 || body == std::string::npos) return {0, answer};
   return {std::stoi(answer.substr(9, 3)), answer.substr(body + 4)};
