@@ -62,11 +62,16 @@ std::string SendFrom(const std::string& source, int port, const std::string& req
     close(fd);
     return "";
   }
+  return Converse(fd, request);
+}
+
+std::string Converse(int fd, const std::string& request) {
   for (std::size_t done = 0; done < request.size();) {
     ssize_t n = write(fd, request.data() + done, request.size() - done);
     if (n <= 0) break;
     done += static_cast<std::size_t>(n);
   }
+  shutdown(fd, SHUT_WR);
   std::string answer;
   char buffer[4096];
   ssize_t n;

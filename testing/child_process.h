@@ -20,5 +20,8 @@ int FreeLoopbackPort();
 // 127.0.0.1:`port` and returns everything the server wrote before closing ("" when it would not
 // connect). For servers that answer by source address.
 std::string SendFrom(const std::string& source, int port, const std::string& request);
+// Writes `request` to the connected socket `fd`, half-closes it, reads everything until the peer
+// closes, and closes `fd`.
+std::string Converse(int fd, const std::string& request);
 
 }  // namespace bcd::testing

@@ -16,6 +16,7 @@
 #include "nlohmann/json.hpp"
 #include "proto/absl_compat.h"
 #include "proto/kinds.h"
+#include "testing/child_process.h"
 
 namespace bcd::testing {
 
@@ -238,19 +239,7 @@ absl::StatusOr<std::string> AskDevControl(const std::filesystem::path& socket_pa
     return absl::UnavailableError(
         fmt::format("{}: {} (is bcd-dev up running?)", socket_path.string(), std::strerror(errno)));
   }
-  for (std::size_t done = 0; done < request.size();) {
-    ssize_t w = write(fd, request.data() + done, request.size() - done);
-    if (w <= 0) break;
-    done += static_cast<std::size_t>(w);
-  }
-  shutdown(fd, SHUT_WR);
-  std::string answer;
-  char buffer[4096];
-  ssize_t n;
-  while ((n = read(fd, buffer, sizeof buffer)) > 0)
-    answer.append(buffer, static_cast<std::size_t>(n));
-  close(fd);
-  return answer;
+  return Converse(fd, request);
 }
 
 }  // namespace bcd::testing
