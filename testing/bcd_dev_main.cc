@@ -169,11 +169,7 @@ int main(int argc, char** argv) {
     return std::fprintf(stderr, "bcd-dev: %s\n", std::string(gateway.status().message()).c_str()),
            1;
   std::string config = dir + "/config.toml";
-  std::ofstream(config) << "gateway_url = \"https://127.0.0.1:" << (*gateway)->port() << "\"\n"
-                        << "gateway_server_name = \"" << DevPki::kGatewayName << "\"\n"
-                        << "gateway_ca_spki_sha256 = \"" << pki->ServingCaPinHex() << "\"\n"
-                        << "state_dir = \"" << dir << "/state\"\n"
-                        << "[node]\n"
+  std::ofstream(config) << (*gateway)->ConfigToml(dir + "/state") << "[node]\n"
                         << "reboot_command = [\"/bin/true\"]  # the dev stack never reboots\n";
   std::printf("dev gateway: %s (protocol %s), serving CA pin %s\n", (*gateway)->target().c_str(),
               protocol.c_str(), pki->ServingCaPinHex().c_str());

@@ -658,4 +658,15 @@ bool DevGateway::PushStraySecretAnswer(const std::string& node_id) {
   return Push(node_id, frame);
 }
 
+std::string DevConfigToml(int port, const DevPki& pki, const std::filesystem::path& state_dir) {
+  return fmt::format(
+      "gateway_url = \"https://127.0.0.1:{}\"\ngateway_server_name = \"{}\"\n"
+      "gateway_ca_spki_sha256 = \"{}\"\nstate_dir = \"{}\"\n",
+      port, DevPki::kGatewayName, pki.ServingCaPinHex(), state_dir.string());
+}
+
+std::string DevGateway::ConfigToml(const std::filesystem::path& state_dir) const {
+  return DevConfigToml(port_, *state_->pki, state_dir);
+}
+
 }  // namespace bcd::testing

@@ -11,6 +11,7 @@
 // Thread-safe: tests call it from their own thread while gRPC threads serve.
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -40,6 +41,10 @@ struct DevGatewayOptions {
       on_frame;
 };
 
+// The config.toml lines that point a bcd at a dev gateway on 127.0.0.1:`port`: gateway_url,
+// gateway_server_name, the serving CA pin of `pki`, and `state_dir`. Callers append the rest.
+std::string DevConfigToml(int port, const DevPki& pki, const std::filesystem::path& state_dir);
+
 class DevGateway {
  public:
   static absl::StatusOr<std::unique_ptr<DevGateway>> Start(const DevPki& pki,
@@ -47,6 +52,8 @@ class DevGateway {
   ~DevGateway();
 
   int port() const { return port_; }
+  // DevConfigToml for this gateway.
+  std::string ConfigToml(const std::filesystem::path& state_dir) const;
   std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
 
   // A single-use join token for `node_id`, valid `ttl` seconds.

@@ -146,10 +146,7 @@ int main(int argc, char** argv) {
   };
   auto gateway = *DevGateway::Start(pki, options);
   std::string config = dir + "/config.toml";
-  std::ofstream(config) << "gateway_url = \"https://127.0.0.1:" << gateway->port()
-                        << "\"\ngateway_server_name = \"" << DevPki::kGatewayName
-                        << "\"\ngateway_ca_spki_sha256 = \"" << pki.ServingCaPinHex()
-                        << "\"\nstate_dir = \"" << dir << "/state\"\nlog_level = \"warn\"\n";
+  std::ofstream(config) << gateway->ConfigToml(dir + "/state") << "log_level = \"warn\"\n";
   if (WaitChild(SpawnChild(
           {bcd, "join", "--config", config, "--token", gateway->AddJoinToken("bench")})) != 0) {
     return 1;

@@ -38,12 +38,7 @@ int main(int argc, char** argv) {
   std::filesystem::path dir = mkdtemp(pattern.data());
   DevPki pki = *DevPki::Create(std::time(nullptr));
   auto gateway = *DevGateway::Start(pki, {});
-  bcd::Config config =
-      *bcd::Config::Parse("gateway_url = \"https://127.0.0.1:" + std::to_string(gateway->port()) +
-                              "\"\ngateway_server_name = \"" + DevPki::kGatewayName +
-                              "\"\ngateway_ca_spki_sha256 = \"" + pki.ServingCaPinHex() +
-                              "\"\nstate_dir = \"" + (dir / "state").string() + "\"\n",
-                          "bench.toml");
+  bcd::Config config = *bcd::Config::Parse(gateway->ConfigToml(dir / "state"), "bench.toml");
   auto now = [] { return static_cast<int64_t>(std::time(nullptr)); };
   if (!bcd::JoinFleet(config, {.evidence = gateway->AddJoinToken("n-1"),
                                .now = now,

@@ -37,11 +37,7 @@ double Median(std::vector<double> v) {
 std::string Config(const std::string& dir, const DevGateway& gateway, const DevPki& pki,
                    const std::string& state) {
   std::string path = dir + "/" + state + ".toml";
-  std::ofstream(path) << "gateway_url = \"https://127.0.0.1:" << gateway.port()
-                      << "\"\ngateway_server_name = \"" << DevPki::kGatewayName
-                      << "\"\ngateway_ca_spki_sha256 = \"" << pki.ServingCaPinHex()
-                      << "\"\nstate_dir = \"" << dir << "/" << state
-                      << "\"\nlog_level = \"warn\"\n";
+  std::ofstream(path) << gateway.ConfigToml(dir + "/" + state) << "log_level = \"warn\"\n";
   return path;
 }
 

@@ -38,14 +38,11 @@ class Commands : public ::testing::Test {
     // Stand-ins for journalctl and dmesg, and a reboot command that leaves a mark.
     Script("journalctl", "echo \"journal of $5 since ${7:-always}\"");
     Script("dmesg", "echo '[    0.000000] Linux version 6.1.0'");
-    Config config = *Config::Parse(
-        "gateway_url = \"https://127.0.0.1:" + std::to_string(gateway_->port()) +
-            "\"\ngateway_server_name = \"" + DevPki::kGatewayName +
-            "\"\ngateway_ca_spki_sha256 = \"" + pki_.ServingCaPinHex() + "\"\nstate_dir = \"" +
-            (dir_.path() / "state").string() +
-            "\"\n[node]\nreboot_command = [\"/bin/sh\", \"-c\", \"echo rebooted >> " +
-            (dir_.path() / "rebooted").string() + "\"]\n",
-        "test.toml");
+    Config config =
+        *Config::Parse(gateway_->ConfigToml(dir_.path() / "state") +
+                           "[node]\nreboot_command = [\"/bin/sh\", \"-c\", \"echo rebooted >> " +
+                           (dir_.path() / "rebooted").string() + "\"]\n",
+                       "test.toml");
     JoinSpec spec{.evidence = gateway_->AddJoinToken("n-1"),
                   .now = [] { return static_cast<int64_t>(std::time(nullptr)); },
                   .sleep = [](seconds) {}};

@@ -33,13 +33,10 @@ class Secrets : public ::testing::Test {
  protected:
   Secrets() : pki_(*DevPki::Create(std::time(nullptr))) {
     gateway_ = *DevGateway::Start(pki_, {});
-    Config config = *Config::Parse(
-        "gateway_url = \"https://127.0.0.1:" + std::to_string(gateway_->port()) +
-            "\"\ngateway_server_name = \"" + DevPki::kGatewayName +
-            "\"\ngateway_ca_spki_sha256 = \"" + pki_.ServingCaPinHex() + "\"\nstate_dir = \"" +
-            (dir_.path() / "state").string() + "\"\n[imds]\nlisten = \"127.0.0.1:" +
-            std::to_string(bcd::testing::FreeLoopbackPort()) + "\"\n",
-        "test.toml");
+    Config config = *Config::Parse(gateway_->ConfigToml(dir_.path() / "state") +
+                                       "[imds]\nlisten = \"127.0.0.1:" +
+                                       std::to_string(bcd::testing::FreeLoopbackPort()) + "\"\n",
+                                   "test.toml");
     JoinSpec spec{.evidence = gateway_->AddJoinToken("n-1"),
                   .now = [] { return static_cast<int64_t>(std::time(nullptr)); },
                   .sleep = [](seconds) {}};

@@ -48,10 +48,7 @@ class Session : public ::testing::Test {
   }
 
   std::string ConfigText(const std::string& state) {
-    return "gateway_url = \"https://127.0.0.1:" + std::to_string(gateway_->port()) +
-           "\"\ngateway_server_name = \"" + DevPki::kGatewayName +
-           "\"\ngateway_ca_spki_sha256 = \"" + pki_.ServingCaPinHex() + "\"\nstate_dir = \"" +
-           (dir_.path() / state).string() + "\"\n";
+    return gateway_->ConfigToml(dir_.path() / state);
   }
 
   Config JoinAs(const std::string& node, const std::string& state = "state") {

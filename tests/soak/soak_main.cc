@@ -260,11 +260,7 @@ int main(int argc, char** argv) {
   int port = bcd::testing::FreeLoopbackPort();
   std::string token;
   pid_t gateway = StartGateway(*pki, port, dir, options, upload_url, true, &token);
-  std::ofstream(dir / "config.toml")
-      << "gateway_url = \"https://127.0.0.1:" << port << "\"\n"
-      << "gateway_server_name = \"" << DevPki::kGatewayName << "\"\n"
-      << "gateway_ca_spki_sha256 = \"" << pki->ServingCaPinHex() << "\"\n"
-      << "state_dir = \"" << (dir / "state").string() << "\"\n";
+  std::ofstream(dir / "config.toml") << bcd::testing::DevConfigToml(port, *pki, dir / "state");
   int joined = bcd::testing::WaitChild(bcd::testing::SpawnChild(
       {options.bcd, "join", "--config", (dir / "config.toml").string(), "--token", token}));
   if (joined != 0) return std::fprintf(stderr, "bcd-soak: bcd join exited %d\n", joined), 1;
