@@ -174,7 +174,7 @@ bool SessionEngine::ApplyTrust(const v1::SignedTrustBundle& bundle) {
 
 bool SessionEngine::Handle(const v1::ServerFrame& frame) {
   auto unhandled = [&] {
-    // Desired state, secrets and tunnels arrive with their own work.
+    // Tunnels arrive with their own work; the other cases need their handler set.
     std::lock_guard<std::mutex> lock(mu_);
     ++snapshot_.unhandled_frames;
     return false;

@@ -51,7 +51,7 @@ struct SessionSnapshot {
   std::string last_error;
   int welcomes = 0;
   int unknown_frames = 0;    // frame cases this build does not know: ignored
-  int unhandled_frames = 0;  // known cases this build does not act on yet (specs, secrets, tunnels)
+  int unhandled_frames = 0;  // known cases nothing here acts on (tunnels, or no handler set)
   std::size_t outbox_pending = 0;
   uint64_t last_acked_seq = 0;
 };

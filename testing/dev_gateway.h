@@ -5,8 +5,9 @@
 // (deferral on demand). Renew checks that the chain is the caller's TLS identity, the proof of
 // possession, the timestamp (within 60 s) and the nonce (never seen before). Session reads the node
 // id from the client certificate only, answers Hello with Welcome, acks command updates and events
-// (or withholds acks), and lets tests push frames, refuse sessions and drop them. Tunnel answers
-// UNIMPLEMENTED until its work lands.
+// (or withholds acks), and lets tests push frames, refuse sessions and drop them. Secret and
+// workload-token requests go to a dev broker (below). Tunnel answers UNIMPLEMENTED until its work
+// lands.
 //
 // Thread-safe: tests call it from their own thread while gRPC threads serve.
 
