@@ -78,6 +78,8 @@ ImdsServer::~ImdsServer() {
   stopping_ = true;
   if (thread_.joinable()) thread_.join();
   if (listen_fd_ >= 0) close(listen_fd_);
+  std::unique_lock<std::mutex> lock(mu_);
+  idle_.wait(lock, [&] { return serving_ == 0; });  // requests in hand finish (5 s at most)
 }
 
 void ImdsServer::Loop() {
@@ -93,7 +95,22 @@ void ImdsServer::Loop() {
     timeval timeout{5, 0};  // a slow client does not hold the service
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
-    Serve(fd, text);  // closes fd
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (serving_ >= kMaxConcurrent) {  // busy: the instance asks again
+        close(fd);
+        continue;
+      }
+      ++serving_;
+    }
+    // Each request on its own thread: fetching user data or a token may wait on the session (up to
+    // 10 s) and must not hold up other instances.
+    std::thread([this, fd, peer = std::string(text)] {
+      Serve(fd, peer);  // closes fd
+      std::lock_guard<std::mutex> lock(mu_);
+      --serving_;
+      idle_.notify_all();
+    }).detach();
   }
 }
 

@@ -17,6 +17,7 @@
 // answers are bounded; nothing is cached (user data and tokens are fetched per request).
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
@@ -53,6 +54,7 @@ class ImdsServer {
   static constexpr int64_t kMaxTokenTtl = 21600;
   static constexpr std::size_t kMaxTokens = 4096;
   static constexpr std::size_t kMaxHeaderBytes = 8 * 1024;
+  static constexpr int kMaxConcurrent = 16;  // requests served at once; more are closed
 
   // The answer, as sent, to one request given as its bytes from `peer` ("" when the bytes are
   // not one whole bounded request). The fuzz target drives the request handling through it.
@@ -77,6 +79,8 @@ class ImdsServer {
   std::atomic<bool> stopping_{false};
   std::mutex mu_;
   std::map<std::string, Token> tokens_;  // guarded by mu_
+  int serving_ = 0;                      // guarded by mu_: requests in hand
+  std::condition_variable idle_;         // serving_ fell
   std::thread thread_;
 };
 

@@ -3,7 +3,9 @@
 
 #include "daemon/imds.h"
 
+#include <atomic>
 #include <sstream>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "testing/child_process.h"
@@ -48,6 +50,9 @@ class Imds : public ::testing::Test {
          .instances = [this] { return instances_; },
          .user_data = [this](const v1::VpsInstance& i) -> absl::StatusOr<std::string> {
            ++fetches_;
+           // Like a secret fetch waiting on the session, until the test lets it go.
+           for (int waited = 0; hold_user_data_ && waited < 1000; ++waited)
+             std::this_thread::sleep_for(std::chrono::milliseconds(10));
            return "#cloud-config for " + i.instance_id() + " (" + i.allocation_id() + ")";
          },
          .token = [](const v1::VpsInstance& i,
@@ -67,7 +72,8 @@ class Imds : public ::testing::Test {
 
   std::vector<v1::VpsInstance> instances_;
   int64_t now_ = 1000;
-  int fetches_ = 0;
+  std::atomic<int> fetches_{0};
+  std::atomic<bool> hold_user_data_{false};
   std::ostringstream log_text_;
   Logger log_{&log_text_, LogLevel::kInfo};
   std::unique_ptr<ImdsServer> server_;
@@ -100,6 +106,23 @@ TEST_F(Imds, EachInstanceGetsItsOwnMetadataWithAToken) {
   // Nothing is cached: a second read fetches again.
   Ask("127.0.0.2", server_->port(), "GET", "/v1/user-data", {"X-BC-Metadata-Token: " + a});
   EXPECT_EQ(fetches_, 2);
+}
+
+TEST_F(Imds, ASlowFetchForOneInstanceDoesNotHoldUpAnother) {
+  std::string a = TokenFor("127.0.0.2"), b = TokenFor("127.0.0.3");
+  hold_user_data_ = true;
+  std::atomic<bool> a_done{false};
+  std::thread slow([&] {
+    Ask("127.0.0.2", server_->port(), "GET", "/v1/user-data", {"X-BC-Metadata-Token: " + a});
+    a_done = true;
+  });
+  while (fetches_ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  Reply meta =
+      Ask("127.0.0.3", server_->port(), "GET", "/v1/meta-data", {"X-BC-Metadata-Token: " + b});
+  EXPECT_EQ(meta.status, 200);
+  EXPECT_FALSE(a_done) << "vm-b was answered while vm-a's fetch still waited";
+  hold_user_data_ = false;
+  slow.join();
 }
 
 TEST_F(Imds, TokensAreRequiredBoundToTheirAddressAndExpire) {
