@@ -3,6 +3,9 @@
 #include <algorithm>
 
 #include "fmt/format.h"
+#include "pki/files.h"
+#include "pki/x509.h"
+#include "proto/absl_compat.h"
 
 namespace bcd {
 
@@ -15,6 +18,32 @@ transport::ChannelSpec GatewayChannel(const Config& config) {
   spec.server_name = config.GatewayServerName();
   const auto& pin = config.gateway_ca_spki_sha256()->bytes();
   std::copy(pin.begin(), pin.end(), spec.ca_spki_sha256.begin());
+  return spec;
+}
+
+absl::StatusOr<transport::WebSocketSpec> WebSocketChannel(const Config& config) {
+  const WebSocketConfig& ws = *config.websocket();
+  transport::WebSocketSpec spec;
+  spec.host = ws.url.host();
+  spec.port = ws.url.port();
+  spec.path = ws.url.path().empty() ? "/" : ws.url.path();
+  spec.server_name = ws.url.host_is_ip() ? config.GatewayServerName() : ws.url.host();
+  const auto& pin = config.gateway_ca_spki_sha256()->bytes();
+  spec.ca_spki_sha256.assign(pin.begin(), pin.end());
+  if (ws.proxy_ca_file) {
+    absl::StatusOr<std::string> pem = pki::ReadWholeFile(*ws.proxy_ca_file, 1024 * 1024);
+    if (!pem.ok()) {
+      return absl::InvalidArgumentError(fmt::format("[websocket] proxy_ca_file {}: {}",
+                                                    ws.proxy_ca_file->string(),
+                                                    ToStd(pem.status().message())));
+    }
+    if (absl::StatusOr<std::vector<pki::Certificate>> cas = pki::ParsePemChain(*pem); !cas.ok()) {
+      return absl::InvalidArgumentError(fmt::format("[websocket] proxy_ca_file {}: {}",
+                                                    ws.proxy_ca_file->string(),
+                                                    ToStd(cas.status().message())));
+    }
+    spec.proxy_ca_pem = *pem;
+  }
   return spec;
 }
 

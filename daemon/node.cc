@@ -89,15 +89,54 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
   spec.keepalive_timeout = env.keepalive_timeout;
   StateDir dir = *state;
   std::unique_ptr<NodeDaemon> daemon(new NodeDaemon());
-  daemon->transport_ = std::make_unique<transport::GrpcTransport>(
-      spec, [dir]() -> absl::StatusOr<transport::ClientIdentity> {
-        // Re-read at every dial: a renewal takes effect on the next one.
-        absl::StatusOr<Identity> identity = dir.LoadIdentity();
-        if (!identity.ok()) return identity.status();
-        std::string chain;
-        for (const pki::Certificate& cert : identity->chain) chain += cert.Pem();
-        return transport::ClientIdentity{identity->key.ToPem(), chain};
-      });
+  RenewCall renew = GrpcRenewCall(spec);
+  bool websocket = config.websocket().has_value();
+  if (websocket) {
+    // The WebSocket session carries signed intent only: without roots to verify it, nothing the
+    // gateway sent could be run, and the proxy in the middle could not be told from the gateway.
+    if (trust->command_signing_roots().empty()) {
+      return absl::FailedPreconditionError(fmt::format(
+          "[websocket] in {}: the trust bundle (version {}) has no command-signing roots, and a "
+          "WebSocket session takes signed commands and specs only; turn command signing on in "
+          "the control plane, or remove [websocket] to use gRPC",
+          config.source(), trust->version()));
+    }
+    absl::StatusOr<transport::WebSocketSpec> ws = WebSocketChannel(config);
+    if (!ws.ok()) return ws.status();
+    ws->keepalive_time = env.keepalive_time;
+    ws->keepalive_timeout = env.keepalive_timeout;
+    ws->env = env.proxy_env;
+    pki::PublicKey join_service_key = identity->join_service_key;
+    daemon->transport_ = std::make_unique<transport::WebSocketTransport>(
+        *ws,
+        [dir, join_service_key]() -> absl::StatusOr<transport::WsNodeIdentity> {
+          // Re-read at every dial: a renewal takes effect on the next one, and a trust bundle
+          // that dropped the signing roots stops the dialing.
+          absl::StatusOr<Identity> identity = dir.LoadIdentity();
+          if (!identity.ok()) return identity.status();
+          absl::StatusOr<pki::TrustState> trust =
+              pki::TrustState::FromFirstBundle(identity->trust_bundle, join_service_key);
+          if (trust.ok() && trust->command_signing_roots().empty()) {
+            return absl::FailedPreconditionError(
+                "the trust bundle has no command-signing roots: the WebSocket session is not "
+                "dialed");
+          }
+          return transport::WsNodeIdentity{identity->key, identity->chain,
+                                            identity->node.id.node()};
+        },
+        env.now);
+    renew = HttpsRenewCall(*ws);
+  } else {
+    daemon->transport_ = std::make_unique<transport::GrpcTransport>(
+        spec, [dir]() -> absl::StatusOr<transport::ClientIdentity> {
+          // Re-read at every dial: a renewal takes effect on the next one.
+          absl::StatusOr<Identity> identity = dir.LoadIdentity();
+          if (!identity.ok()) return identity.status();
+          std::string chain;
+          for (const pki::Certificate& cert : identity->chain) chain += cert.Pem();
+          return transport::ClientIdentity{identity->key.ToPem(), chain};
+        });
+  }
   std::string boot_id;
   if (absl::StatusOr<std::string> id = pki::ReadWholeFile("/proc/sys/kernel/random/boot_id", 256);
       id.ok()) {
@@ -109,6 +148,8 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
       .now = env.now,
       .uniform01 = env.uniform01,
       .status_interval = env.status_interval,
+      .signed_only = websocket,
+      .tunnels = !websocket,
       .boot_id = boot_id,
       .started_at = env.now(),
       .certificate_not_after = not_after,
@@ -125,7 +166,7 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
   NodeDaemon* self = daemon.get();
   daemon->node_key_ = identity->key;
   daemon->renewer_ = std::make_unique<Renewer>(
-      spec, dir, trust->node_cas(), env.now, env.uniform01, env.log,
+      std::move(renew), dir, trust->node_cas(), env.now, env.uniform01, env.log,
       [self](const Identity& renewed) {
         {
           std::lock_guard<std::mutex> lock(self->key_mu_);

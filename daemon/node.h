@@ -1,7 +1,7 @@
 #pragma once
 
-// A running mode (node, site): the identity from the state dir, the gRPC transport and the session
-// engine, wired together. main() adds signals; tests drive it directly.
+// A running mode (node, site): the identity from the state dir, the transport ([websocket] url
+// moves it from gRPC to the WebSocket, signed intent only) and the session engine, wired together. main() adds signals; tests drive it directly.
 
 #include <condition_variable>
 #include <memory>
@@ -18,6 +18,7 @@
 #include "daemon/session.h"
 #include "proto/kinds.h"
 #include "transport/grpc_transport.h"
+#include "transport/proxy.h"
 
 namespace bcd {
 
@@ -33,6 +34,8 @@ struct NodeDaemonEnv {
   // Programs logs.collect runs (tests point them at scripts).
   std::string journalctl = "journalctl";
   std::string dmesg = "dmesg";
+  // https_proxy / no_proxy for the WebSocket transport (tests pass their own).
+  transport::EnvLookup proxy_env = transport::ProcessEnv;
 };
 
 class NodeDaemon {
@@ -66,7 +69,7 @@ class NodeDaemon {
 
  private:
   NodeDaemon() = default;
-  std::unique_ptr<transport::GrpcTransport> transport_;
+  std::unique_ptr<transport::Transport> transport_;
   std::unique_ptr<SessionEngine> engine_;
   std::unique_ptr<class Renewer> renewer_;
   std::unique_ptr<class ControlServer> control_;

@@ -7,6 +7,7 @@
 #include "fmt/format.h"
 #include "grpcpp/client_context.h"
 #include "proto/absl_compat.h"
+#include "proto/frame_codec.h"
 #include "proto/signing_input.h"
 #include "transport/refusal.h"
 
@@ -20,10 +21,59 @@ int64_t RenewalTime(int64_t not_before, int64_t not_after, double uniform01) {
          static_cast<int64_t>(uniform01 * static_cast<double>(life) / 10);
 }
 
-absl::StatusOr<Identity> RenewOnce(const transport::ChannelSpec& gateway, const StateDir& state,
+RenewCall GrpcRenewCall(transport::ChannelSpec gateway) {
+  return [gateway](const v1::RenewRequest& request, const Identity& current,
+                   transport::Refusal* refusal) -> absl::StatusOr<v1::RenewResponse> {
+    transport::ChannelSpec spec = gateway;
+    std::string chain_pem;
+    for (const pki::Certificate& cert : current.chain) chain_pem += cert.Pem();
+    spec.identity = transport::ClientIdentity{current.key.ToPem(), chain_pem};
+    auto stub = v1::AgentGateway::NewStub(transport::MakeChannel(spec));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::RenewResponse response;
+    grpc::Status status = stub->Renew(&context, request, &response);
+    if (!status.ok()) {
+      transport::Refusal why = transport::RefusalOf(status, context);
+      if (refusal != nullptr) *refusal = why;
+      return absl::UnavailableError("renew " + why.ToString());
+    }
+    return response;
+  };
+}
+
+RenewCall HttpsRenewCall(transport::WebSocketSpec spec) {
+  return [spec](const v1::RenewRequest& request, const Identity&,
+                transport::Refusal* refusal) -> absl::StatusOr<v1::RenewResponse> {
+    absl::StatusOr<std::string> body = proto::EncodeMessage(request);
+    if (!body.ok()) return body.status();
+    absl::StatusOr<transport::HttpAnswer> answer =
+        transport::HttpsPost(spec, "/v1/renew", "application/x-protobuf", *body, 256 * 1024);
+    if (!answer.ok()) return absl::UnavailableError("renew: " + std::string(ToStd(answer.status().message())));
+    if (answer->status != 200) {
+      std::string text = answer->body.substr(0, 200);
+      for (char& c : text) {
+        if (!std::isprint(static_cast<unsigned char>(c))) c = '?';
+      }
+      transport::Refusal why = transport::RefusalOfHttp(
+          answer->status, answer->headers, fmt::format("HTTP {} {}", answer->status, text));
+      if (refusal != nullptr) *refusal = why;
+      return absl::UnavailableError("renew " + why.ToString());
+    }
+    v1::RenewResponse response;
+    if (absl::Status s = proto::DecodeMessage(answer->body, &response); !s.ok()) {
+      return absl::UnavailableError(
+          fmt::format("renew: the answer is not a RenewResponse: {}", ToStd(s.message())));
+    }
+    return response;
+  };
+}
+
+absl::StatusOr<Identity> RenewOnce(const RenewCall& call, const StateDir& state,
                                    const Identity& current,
                                    const std::vector<pki::Certificate>& node_cas,
-                                   const std::function<int64_t()>& now) {
+                                   const std::function<int64_t()>& now,
+                                   transport::Refusal* refusal) {
   absl::StatusOr<pki::PrivateKey> key = pki::PrivateKey::Generate();
   if (!key.ok()) return key.status();
   absl::StatusOr<std::string> csr = pki::CreateCsr(*key, current.node.id.node());
@@ -37,20 +87,11 @@ absl::StatusOr<Identity> RenewOnce(const transport::ChannelSpec& gateway, const 
   if (!proof.ok()) return proof.status();
   request.set_proof(*proof);
 
-  transport::ChannelSpec spec = gateway;
-  std::string chain_pem;
-  for (const pki::Certificate& cert : current.chain) chain_pem += cert.Pem();
-  spec.identity = transport::ClientIdentity{current.key.ToPem(), chain_pem};
-  auto stub = v1::AgentGateway::NewStub(transport::MakeChannel(spec));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  v1::RenewResponse response;
-  grpc::Status status = stub->Renew(&context, request, &response);
-  if (!status.ok())
-    return absl::UnavailableError("renew " + transport::RefusalOf(status, context).ToString());
+  absl::StatusOr<v1::RenewResponse> response = call(request, current, refusal);
+  if (!response.ok()) return response.status();
 
   absl::StatusOr<std::vector<pki::Certificate>> chain = pki::ParseDerChain(
-      {response.certificate_chain().begin(), response.certificate_chain().end()});
+      {response->certificate_chain().begin(), response->certificate_chain().end()});
   if (!chain.ok()) return chain.status();
   auto refuse = [](std::string why) {
     return absl::UnauthenticatedError("renewed certificate refused: " + why);
@@ -71,11 +112,11 @@ absl::StatusOr<Identity> RenewOnce(const transport::ChannelSpec& gateway, const 
                   current.trust_bundle};
 }
 
-Renewer::Renewer(transport::ChannelSpec gateway, StateDir state,
+Renewer::Renewer(RenewCall call, StateDir state,
                  std::vector<pki::Certificate> node_cas, std::function<int64_t()> now,
                  std::function<double()> uniform01, Logger* log,
                  std::function<void(const Identity&)> on_renewed)
-    : gateway_(std::move(gateway)),
+    : call_(std::move(call)),
       state_(std::move(state)),
       node_cas_(std::move(node_cas)),
       now_(std::move(now)),
@@ -126,7 +167,9 @@ void Renewer::Loop() {
     while (!stopping_ && now_() < at) cv_.wait_for(lock, std::chrono::seconds(at - now_()));
     if (stopping_) return;
     lock.unlock();
-    absl::StatusOr<Identity> renewed = RenewOnce(gateway_, state_, *current, node_cas_, now_);
+    transport::Refusal refusal;
+    absl::StatusOr<Identity> renewed =
+        RenewOnce(call_, state_, *current, node_cas_, now_, &refusal);
     lock.lock();
     if (renewed.ok()) {
       ++renewals_;
@@ -142,7 +185,11 @@ void Renewer::Loop() {
                   {"generation", std::to_string(renewed->node.generation.value_or(0))}});
       continue;
     }
-    auto delay = backoff.Next();
+    if (refusal.NeedsPerson()) {
+      log_->Error("renew.stopped", {{"error", std::string(ToStd(renewed.status().message()))}});
+      return;
+    }
+    auto delay = refusal.pushback.value_or(backoff.Next());
     int64_t left_ms = (leaf.NotAfter() - now_()) * 1000;
     log_->Warn("renew.failed", {{"error", std::string(ToStd(renewed.status().message()))},
                                 {"retry_ms", std::to_string(delay.count())}});

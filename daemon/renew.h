@@ -16,24 +16,41 @@
 #include "daemon/identity.h"
 #include "daemon/log.h"
 #include "pki/trust.h"
+#include "transport/refusal.h"
 #include "transport/tls.h"
+#include "transport/websocket.h"
 
 namespace bcd {
 
+// Carries one RenewRequest to the gateway. When the gateway refused, the error's message names it
+// and `refusal` (when given) holds its reason and pushback.
+using RenewCall = std::function<absl::StatusOr<bettercompute::agent::v1::RenewResponse>(
+    const bettercompute::agent::v1::RenewRequest& request, const Identity& current,
+    transport::Refusal* refusal)>;
+// Renew over mutual TLS (gRPC), with the current key and chain as the client identity.
+RenewCall GrpcRenewCall(transport::ChannelSpec gateway);
+// POST /v1/renew on the WebSocket origin (no client certificate: the request's chain and proof of
+// possession identify the node), through the same proxy and TLS trust as the session.
+RenewCall HttpsRenewCall(transport::WebSocketSpec spec);
+
 // One renewal, now. Returns the stored new identity. `now` is read when the request is signed and
-// again when the answer is verified (a CA may stamp notBefore after the request left).
-absl::StatusOr<Identity> RenewOnce(const transport::ChannelSpec& gateway, const StateDir& state,
+// again when the answer is verified (a CA may stamp notBefore after the request left). The answer
+// is believed only when the new chain is for the new key, leads to a node CA this node trusts and
+// names this node, so a proxy in the middle cannot hand over a certificate of its own.
+absl::StatusOr<Identity> RenewOnce(const RenewCall& call, const StateDir& state,
                                    const Identity& current,
                                    const std::vector<pki::Certificate>& node_cas,
-                                   const std::function<int64_t()>& now);
+                                   const std::function<int64_t()>& now,
+                                   transport::Refusal* refusal = nullptr);
 
 // When to renew a certificate valid [not_before, not_after): 2/3 of its life plus jitter (0..10 %).
 int64_t RenewalTime(int64_t not_before, int64_t not_after, double uniform01);
 
-// Renews forever in its own thread until stopped; failures retry with backoff, never past expiry.
+// Renews forever in its own thread until stopped; failures retry with backoff (the gateway's
+// pushback wins), never past expiry; a refusal only a person can fix (revoked, ...) stops it.
 class Renewer {
  public:
-  Renewer(transport::ChannelSpec gateway, StateDir state, std::vector<pki::Certificate> node_cas,
+  Renewer(RenewCall call, StateDir state, std::vector<pki::Certificate> node_cas,
           std::function<int64_t()> now, std::function<double()> uniform01, Logger* log,
           std::function<void(const Identity&)> on_renewed = nullptr);
   ~Renewer();
@@ -46,7 +63,7 @@ class Renewer {
  private:
   void Loop();
 
-  transport::ChannelSpec gateway_;
+  RenewCall call_;
   StateDir state_;
   std::vector<pki::Certificate> node_cas_;
   std::function<int64_t()> now_;

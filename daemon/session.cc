@@ -219,6 +219,15 @@ bool SessionEngine::Handle(const v1::ServerFrame& frame) {
       cv_.notify_all();
       return false;
     }
+    case v1::ServerFrame::kOpenTunnel:
+      if (!options_.tunnels) {
+        log_->Warn("tunnel.refused", {{"tunnel_id", frame.open_tunnel().tunnel_id()},
+                                      {"reason", "tunnels need the gRPC transport"}});
+        (void)Emit(v1::SEVERITY_WARNING, "tunnel.refused",
+                   "tunnels need the gRPC transport; this session is a WebSocket",
+                   {{"tunnel_id", frame.open_tunnel().tunnel_id()}});
+      }
+      return unhandled();
     case v1::ServerFrame::FRAME_NOT_SET: {
       std::lock_guard<std::mutex> lock(mu_);
       ++snapshot_.unknown_frames;

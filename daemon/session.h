@@ -35,6 +35,9 @@ struct SessionOptions {
   std::chrono::milliseconds status_interval = std::chrono::minutes(5);
   // Every command and spec must be signed (set for the WebSocket transport).
   bool signed_only = false;
+  // Whether OpenTunnel is taken; tunnels need the gRPC transport, so a WebSocket session refuses
+  // them (an event says so; the gateway's open times out).
+  bool tunnels = true;
   std::string boot_id;
   int64_t started_at = 0;
   int64_t certificate_not_after = 0;

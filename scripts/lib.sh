@@ -15,6 +15,7 @@ BCD_PACKAGES=(
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev libabsl-dev
   libssl-dev libboost-dev zlib1g-dev libtomlplusplus-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev openssl
+  tinyproxy  # a real HTTP CONNECT proxy for the WebSocket transport's tests
 )
 
 log() { printf '\n==> %s\n' "$*" >&2; }

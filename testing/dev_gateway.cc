@@ -1,5 +1,6 @@
 #include "testing/dev_gateway.h"
 
+#include <atomic>
 #include <condition_variable>
 #include <ctime>
 #include <set>
@@ -18,6 +19,8 @@
 #include "proto/signing_input.h"
 #include "proto/version.h"
 #include "transport/tls.h"
+#include "transport/websocket.h"
+#include "transport/ws_auth.h"
 
 namespace bcd::testing {
 
@@ -30,10 +33,83 @@ struct JoinToken {
   std::string deferred_csr;  // the CSR a deferral asked to see again
 };
 
+// One session stream as the gateway holds it: gRPC, or a WebSocket (signed intent only).
+class GatewayStream {
+ public:
+  virtual ~GatewayStream() = default;
+  virtual bool Read(v1::AgentFrame* frame) = 0;
+  virtual bool Write(const v1::ServerFrame& frame) = 0;
+  virtual void Cancel() = 0;
+  // Ended by a cancel or a broken connection rather than the node's clean end.
+  virtual bool broken() const = 0;
+  virtual bool signed_only() const = 0;
+};
+
+class GrpcGatewayStream final : public GatewayStream {
+ public:
+  GrpcGatewayStream(grpc::ServerContext* context,
+                    grpc::ServerReaderWriter<v1::ServerFrame, v1::AgentFrame>* stream)
+      : context_(context), stream_(stream) {}
+  bool Read(v1::AgentFrame* frame) override { return stream_->Read(frame); }
+  bool Write(const v1::ServerFrame& frame) override { return stream_->Write(frame); }
+  void Cancel() override { context_->TryCancel(); }
+  bool broken() const override { return context_->IsCancelled(); }
+  bool signed_only() const override { return false; }
+
+ private:
+  grpc::ServerContext* context_;
+  grpc::ServerReaderWriter<v1::ServerFrame, v1::AgentFrame>* stream_;
+};
+
+class WsGatewayStream final : public GatewayStream {
+ public:
+  explicit WsGatewayStream(std::unique_ptr<transport::WsConnection> connection)
+      : connection_(std::move(connection)) {}
+  bool Read(v1::AgentFrame* frame) override {
+    std::string message;
+    bool text = false;
+    if (!connection_->Read(&message, &text)) return false;
+    if (text || !proto::DecodeMessage(message, frame).ok()) {
+      connection_->Close(text ? 1003 : 1007, text ? "text message" : "malformed frame");
+      broken_ = true;
+      return false;
+    }
+    return true;
+  }
+  bool Write(const v1::ServerFrame& frame) override {
+    absl::StatusOr<std::string> bytes = proto::EncodeMessage(frame);
+    return bytes.ok() && connection_->WriteBinary(*bytes);
+  }
+  void Cancel() override {
+    broken_ = true;
+    connection_->Abort();
+  }
+  bool broken() const override { return broken_ || !connection_->closed_by_peer(); }
+  bool signed_only() const override { return true; }
+  transport::WsConnection& connection() { return *connection_; }
+
+ private:
+  std::unique_ptr<transport::WsConnection> connection_;
+  std::atomic<bool> broken_{false};
+};
+
 struct OpenSession {
-  grpc::ServerContext* context;
-  grpc::ServerReaderWriter<v1::ServerFrame, v1::AgentFrame>* stream;
+  GatewayStream* stream;
   std::mutex write_mu;
+};
+
+// Intent a WebSocket session never carries: the gateway keeps it pending.
+bool UnsignedIntent(const v1::ServerFrame& frame) {
+  return (frame.has_command() && !frame.command().has_signature()) ||
+         (frame.has_desired_state() && !frame.desired_state().has_signature());
+}
+
+// What ended (or refused) a session: OK, or a status with x-bc-reason.
+struct Outcome {
+  grpc::StatusCode code = grpc::StatusCode::OK;
+  std::string reason;
+  std::string message;
+  int64_t pushback_ms = 0;
 };
 
 struct DevGateway::State {
@@ -53,6 +129,14 @@ struct DevGateway::State {
   int next_session = 1;                                         // guarded by mu
   bool withhold_acks = false;                                   // guarded by mu
   int renewals = 0;                                             // guarded by mu
+  std::map<std::string, std::vector<int64_t>> ws_renewal_times;  // guarded by mu
+  std::map<std::string, std::vector<v1::ServerFrame>> pending_unsigned;  // guarded by mu
+  std::map<std::string, std::string> transports;                // node -> last transport; mu
+  std::map<std::string, int> ws_close_codes;                    // guarded by mu
+  DevGateway::WsFault ws_fault{};                               // guarded by mu
+  int ws_fault_count = 0;                                       // guarded by mu
+  std::set<std::string> ws_nonces;                              // guarded by mu
+  bool stopping = false;                                        // guarded by mu
   struct Secret {
     std::string value;
     DevGateway::SecretBinding binding;
@@ -89,6 +173,48 @@ grpc::Status Refuse(grpc::ServerContext* context, grpc::StatusCode code, const s
                     const std::string& message) {
   context->AddTrailingMetadata("x-bc-reason", reason);
   return grpc::Status(code, message);
+}
+
+grpc::Status Refuse(grpc::ServerContext* context, const Outcome& outcome) {
+  if (outcome.pushback_ms > 0) {
+    context->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(outcome.pushback_ms));
+  }
+  return Refuse(context, outcome.code, outcome.reason, outcome.message);
+}
+
+// An outcome as an HTTP answer: the status gRPC would map it to, grpc-status, x-bc-reason and
+// pushback.
+transport::HttpAnswer HttpRefusal(const Outcome& outcome) {
+  unsigned status = 400;
+  switch (outcome.code) {
+    case grpc::StatusCode::UNAUTHENTICATED:
+      status = 401;
+      break;
+    case grpc::StatusCode::PERMISSION_DENIED:
+      status = 403;
+      break;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      status = 429;
+      break;
+    case grpc::StatusCode::UNAVAILABLE:
+      status = 503;
+      break;
+    case grpc::StatusCode::UNIMPLEMENTED:
+      status = 404;
+      break;
+    default:
+      break;
+  }
+  transport::HttpAnswer answer;
+  answer.status = status;
+  answer.headers["content-type"] = "text/plain";
+  answer.headers["grpc-status"] = std::to_string(static_cast<int>(outcome.code));
+  answer.headers["x-bc-reason"] = outcome.reason;
+  if (outcome.pushback_ms > 0) {
+    answer.headers["grpc-retry-pushback-ms"] = std::to_string(outcome.pushback_ms);
+  }
+  answer.body = outcome.message;
+  return answer;
 }
 
 }  // namespace
@@ -161,7 +287,8 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
       v1::JoinGrant* grant = body.mutable_grant();
       grant->add_certificate_chain(leaf->Der());
       grant->add_certificate_chain(state_->pki->node_ca().Der());
-      *grant->mutable_trust_bundle() = state_->pki->SignedBundle(1);
+      *grant->mutable_trust_bundle() =
+          state_->pki->SignedBundle(1, state_->options.command_signing);
       grant->set_node_id(token.node_id);
       grant->set_spiffe_id(std::string("spiffe://") + DevPki::kTrustDomain + "/site/" +
                            DevPki::kSite + "/node/" + token.node_id);
@@ -184,48 +311,77 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
     }
     absl::StatusOr<pki::Certificate> peer =
         pki::Certificate::FromPem(std::string(pems[0].data(), pems[0].size()));
-    absl::StatusOr<std::vector<pki::Certificate>> chain =
-        pki::ParseDerChain({request->chain().begin(), request->chain().end()});
-    if (!peer.ok() || !chain.ok() || chain->front().Der() != peer->Der()) {
+    if (!peer.ok() || request->chain().empty() || request->chain(0) != peer->Der()) {
       return Refuse(context, grpc::StatusCode::PERMISSION_DENIED, "chain-mismatch",
                     "the chain is not the caller's TLS identity");
+    }
+    Outcome outcome = RenewChecked(*request, response, /*rate_limited=*/false);
+    if (outcome.code != grpc::StatusCode::OK) return Refuse(context, outcome);
+    return grpc::Status::OK;
+  }
+
+  // The checks of Renew that do not depend on the transport: the chain leads to the node CA, the
+  // timestamp is within 60 s, the nonce is new, the proof verifies with the current leaf; then a
+  // certificate for the CSR's key, one generation up. Over WebSocket (no TLS identity) a node
+  // also gets at most 6 renewals an hour.
+  Outcome RenewChecked(const v1::RenewRequest& request, v1::RenewResponse* response,
+                       bool rate_limited) {
+    auto refuse = [](grpc::StatusCode code, std::string reason, std::string message) {
+      return Outcome{code, std::move(reason), std::move(message)};
+    };
+    absl::StatusOr<std::vector<pki::Certificate>> chain =
+        pki::ParseDerChain({request.chain().begin(), request.chain().end()});
+    if (!chain.ok()) {
+      return refuse(grpc::StatusCode::PERMISSION_DENIED, "bad-chain",
+                    std::string(ToStd(chain.status().message())));
     }
     std::lock_guard<std::mutex> lock(state_->mu);
     int64_t now = state_->Now();
     if (absl::Status s = pki::VerifyChain(*chain, {state_->pki->node_ca()}, now); !s.ok()) {
-      return Refuse(context, grpc::StatusCode::PERMISSION_DENIED, "bad-chain",
+      return refuse(grpc::StatusCode::PERMISSION_DENIED, "bad-chain",
                     std::string(ToStd(s.message())));
     }
-    if (std::llabs(static_cast<long long>(request->timestamp()) - now) > 60) {
-      return Refuse(context, grpc::StatusCode::PERMISSION_DENIED, "stale",
+    if (std::llabs(static_cast<long long>(request.timestamp()) - now) > 60) {
+      return refuse(grpc::StatusCode::PERMISSION_DENIED, "stale",
                     "the timestamp is not within 60 s");
-    }
-    if (request->nonce().size() != 16 || !state_->renew_nonces.insert(request->nonce()).second) {
-      return Refuse(context, grpc::StatusCode::PERMISSION_DENIED, "replay",
-                    "the nonce was seen before");
     }
     absl::StatusOr<pki::PublicKey> current = chain->front().Key();
     if (!current.ok() ||
-        !current->VerifyEs256(proto::RenewSigningInput(*request), request->proof()).ok()) {
-      return Refuse(context, grpc::StatusCode::PERMISSION_DENIED, "bad-proof",
-                    "the proof does not verify");
+        !current->VerifyEs256(proto::RenewSigningInput(request), request.proof()).ok()) {
+      return refuse(grpc::StatusCode::PERMISSION_DENIED, "bad-proof", "the proof does not verify");
     }
-    absl::StatusOr<pki::PublicKey> key = pki::VerifyCsr(request->csr());
+    if (request.nonce().size() != 16 || !state_->renew_nonces.insert(request.nonce()).second) {
+      return refuse(grpc::StatusCode::PERMISSION_DENIED, "replay", "the nonce was seen before");
+    }
+    absl::StatusOr<pki::PublicKey> key = pki::VerifyCsr(request.csr());
     absl::StatusOr<pki::NodeIdentity> identity = pki::IdentityOf(chain->front());
     if (!key.ok() || !identity.ok()) {
-      return Refuse(context, grpc::StatusCode::INVALID_ARGUMENT, "bad-csr",
+      return refuse(grpc::StatusCode::INVALID_ARGUMENT, "bad-csr",
                     "the CSR or identity is malformed");
+    }
+    if (rate_limited) {
+      std::vector<int64_t>& times = state_->ws_renewal_times[identity->id.node()];
+      std::erase_if(times, [&](int64_t t) { return t <= now - 3600; });
+      if (times.size() >= 6) {
+        Outcome limited = refuse(grpc::StatusCode::RESOURCE_EXHAUSTED, "rate-limited",
+                                 "6 renewals an hour per node");
+        limited.pushback_ms = (times.front() + 3600 - now) * 1000;
+        return limited;
+      }
+      times.push_back(now);
     }
     absl::StatusOr<pki::Certificate> leaf =
         state_->pki->IssueNode(*key, identity->id.node(), identity->generation.value_or(0) + 1, now,
                                state_->options.node_cert_lifetime);
-    if (!leaf.ok())
-      return grpc::Status(grpc::StatusCode::INTERNAL, std::string(ToStd(leaf.status().message())));
+    if (!leaf.ok()) {
+      return refuse(grpc::StatusCode::INTERNAL, "internal",
+                    std::string(ToStd(leaf.status().message())));
+    }
     response->add_certificate_chain(leaf->Der());
     response->add_certificate_chain(state_->pki->node_ca().Der());
     ++state_->renewals;
     state_->cv.notify_all();
-    return grpc::Status::OK;
+    return {};
   }
 
   grpc::Status Session(grpc::ServerContext* context,
@@ -245,23 +401,29 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
       return Refuse(context, grpc::StatusCode::UNAUTHENTICATED, "bad-identity",
                     std::string(ToStd(identity.status().message())));
     }
-    std::string node = identity->id.node();
-    {
-      std::lock_guard<std::mutex> lock(state_->mu);
-      if (state_->refuse_count > 0) {
-        --state_->refuse_count;
-        if (state_->refuse_pushback_ms > 0) {
-          context->AddTrailingMetadata("grpc-retry-pushback-ms",
-                                       std::to_string(state_->refuse_pushback_ms));
-        }
-        return Refuse(context, static_cast<grpc::StatusCode>(state_->refuse_code),
-                      state_->refuse_reason, "refused by the dev gateway");
-      }
-    }
+    if (std::optional<Outcome> refused = TakeRefusal()) return Refuse(context, *refused);
+    GrpcGatewayStream gateway_stream(context, stream);
+    Outcome outcome = RunSession(gateway_stream, identity->id.node(), *cert, "grpc");
+    if (outcome.code != grpc::StatusCode::OK) return Refuse(context, outcome);
+    return grpc::Status::OK;
+  }
+
+  // The refusal the test asked for, if one is due.
+  std::optional<Outcome> TakeRefusal() {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (state_->refuse_count <= 0) return std::nullopt;
+    --state_->refuse_count;
+    return Outcome{static_cast<grpc::StatusCode>(state_->refuse_code), state_->refuse_reason,
+                   "refused by the dev gateway", state_->refuse_pushback_ms};
+  }
+
+  // Hello, Welcome, then frames until the stream ends: the same on both transports.
+  Outcome RunSession(GatewayStream& stream, const std::string& node, const pki::Certificate& cert,
+                     const std::string& transport_name) {
     v1::AgentFrame first;
-    if (!stream->Read(&first) || !first.has_hello()) {
-      return Refuse(context, grpc::StatusCode::INVALID_ARGUMENT, "expected-hello",
-                    "the first frame must be Hello");
+    if (!stream.Read(&first) || !first.has_hello()) {
+      return {grpc::StatusCode::INVALID_ARGUMENT, "expected-hello",
+              "the first frame must be Hello"};
     }
     absl::StatusOr<proto::ProtocolRange> daemon =
         proto::ProtocolRange::Make(first.hello().proto_min(), first.hello().proto_max());
@@ -269,13 +431,13 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
         daemon.ok() ? proto::Negotiate(state_->range, *daemon)
                     : absl::StatusOr<proto::Negotiated>(daemon.status());
     if (!negotiated.ok()) {
-      return Refuse(context, grpc::StatusCode::FAILED_PRECONDITION, "protocol-version",
-                    std::string(ToStd(negotiated.status().message())));
+      return {grpc::StatusCode::FAILED_PRECONDITION, "protocol-version",
+              std::string(ToStd(negotiated.status().message()))};
     }
     auto session = std::make_shared<OpenSession>();
-    session->context = context;
-    session->stream = stream;
+    session->stream = &stream;
     v1::ServerFrame welcome;
+    std::vector<v1::ServerFrame> held;
     {
       std::lock_guard<std::mutex> lock(state_->mu);
       welcome.mutable_welcome()->set_protocol_version(negotiated->protocol_version);
@@ -287,10 +449,14 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
       state_->received[node].clear();
       state_->open[node] = session;
       state_->session_nodes.push_back(node);
+      state_->transports[node] = transport_name;
+      // Intent held for a signed-only session is still held; a gRPC session takes it now.
+      if (!stream.signed_only()) held.swap(state_->pending_unsigned[node]);
     }
     {
       std::lock_guard<std::mutex> lock(session->write_mu);
-      stream->Write(welcome);
+      stream.Write(welcome);
+      for (const v1::ServerFrame& frame : held) stream.Write(frame);
     }
     {
       std::lock_guard<std::mutex> lock(state_->mu);
@@ -298,7 +464,7 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
     }
     state_->cv.notify_all();
     v1::AgentFrame frame;
-    while (stream->Read(&frame)) {
+    while (stream.Read(&frame)) {
       uint64_t seq = frame.has_event()            ? frame.event().seq()
                      : frame.has_command_update() ? frame.command_update().seq()
                                                   : 0;
@@ -312,7 +478,7 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
       }
       // Answered after it is recorded: what a test sees received precedes the answer.
       if (frame.has_secret_request() || frame.has_workload_token_request()) {
-        std::optional<v1::ServerFrame> answer = AnswerSecret(node, *cert, frame);
+        std::optional<v1::ServerFrame> answer = AnswerSecret(node, cert, frame);
         std::chrono::milliseconds delay;
         {
           std::lock_guard<std::mutex> lock(state_->mu);
@@ -326,14 +492,14 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
           }).detach();
         } else if (answer) {
           std::lock_guard<std::mutex> lock(session->write_mu);
-          stream->Write(*answer);
+          stream.Write(*answer);
         }
       }
       if (ack) {
         v1::ServerFrame reply;
         reply.mutable_ack()->set_up_to_seq(seq);
         std::lock_guard<std::mutex> lock(session->write_mu);
-        stream->Write(reply);
+        stream.Write(reply);
       }
     }
     {
@@ -343,9 +509,132 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
     }
     std::lock_guard<std::mutex> lock(state_->mu);
     if (state_->open[node] == session) state_->open.erase(node);
-    if (!context->IsCancelled()) ++state_->clean_ends;
+    if (!stream.broken()) ++state_->clean_ends;
     state_->cv.notify_all();
-    return grpc::Status::OK;
+    return {};
+  }
+
+  // One request to the WebSocket listener: POST /v1/renew, or a session upgrade.
+  void ServeWebSocket(transport::WsExchange& exchange) {
+    const transport::HttpRequestInfo& request = exchange.request();
+    auto refuse = [&](const Outcome& outcome) { exchange.Answer(HttpRefusal(outcome)); };
+    if (request.target == "/v1/renew") {
+      if (request.method != "POST") {
+        return refuse({grpc::StatusCode::UNIMPLEMENTED, "method", "POST /v1/renew"});
+      }
+      if (request.headers.count("content-type") == 0 ||
+          request.headers.at("content-type") != "application/x-protobuf") {
+        return refuse({grpc::StatusCode::INVALID_ARGUMENT, "content-type",
+                       "the body is a RenewRequest as application/x-protobuf"});
+      }
+      if (request.body.size() > 64 * 1024) {
+        return refuse({grpc::StatusCode::INVALID_ARGUMENT, "too-large",
+                       "a renew request is at most 64 KiB"});
+      }
+      v1::RenewRequest renew;
+      if (!proto::DecodeMessage(request.body, &renew).ok()) {
+        return refuse({grpc::StatusCode::INVALID_ARGUMENT, "malformed", "not a RenewRequest"});
+      }
+      v1::RenewResponse response;
+      Outcome outcome = RenewChecked(renew, &response, /*rate_limited=*/true);
+      if (outcome.code != grpc::StatusCode::OK) return refuse(outcome);
+      transport::HttpAnswer answer;
+      answer.headers["content-type"] = "application/x-protobuf";
+      answer.body = response.SerializeAsString();
+      return exchange.Answer(answer);
+    }
+    if (request.target != "/v1/session" || !request.upgrade) {
+      return refuse({grpc::StatusCode::UNIMPLEMENTED, "not-found",
+                     "the WebSocket origin serves /v1/session and /v1/renew"});
+    }
+    int64_t now = state_->Now();
+    absl::StatusOr<transport::UpgradingNode> node =
+        transport::VerifyNodeUpgrade(request.headers, {state_->pki->node_ca()}, request.host, now);
+    if (!node.ok()) {
+      return refuse({absl::IsPermissionDenied(node.status()) ? grpc::StatusCode::PERMISSION_DENIED
+                                                             : grpc::StatusCode::UNAUTHENTICATED,
+                     "bad-node-proof", std::string(ToStd(node.status().message()))});
+    }
+    DevGateway::WsFault fault;
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      if (!state_->ws_nonces.insert(node->nonce).second) {
+        return refuse({grpc::StatusCode::UNAUTHENTICATED, "replay", "the nonce was seen before"});
+      }
+      fault = state_->ws_fault_count > 0 ? state_->ws_fault : DevGateway::WsFault::kNone;
+      if (state_->ws_fault_count > 0) --state_->ws_fault_count;
+    }
+    if (std::optional<Outcome> refused = TakeRefusal()) return refuse(*refused);
+    using Fault = DevGateway::WsFault;
+    std::string node_id = node->identity.id.node();
+    std::string proof_node = fault == Fault::kProofOtherNode ? "someone-else" : node_id;
+    std::string proof_nonce = fault == Fault::kProofOtherNonce ? pki::RandomBytes(16) : node->nonce;
+    int64_t iat = fault == Fault::kProofOldIat ? now - 120 : now;
+    const pki::PrivateKey* signer = &state_->pki->serving_key();
+    std::vector<std::string> chain = {state_->pki->serving_leaf().Der(),
+                                      state_->pki->serving_ca().Der()};
+    std::optional<DevPki> foreign;
+    if (fault == Fault::kProofForeignKey) {
+      // A serving certificate with the right name from a CA this node does not pin.
+      foreign = *DevPki::Create(now);
+      signer = &foreign->serving_key();
+      chain = {foreign->serving_leaf().Der(), foreign->serving_ca().Der()};
+    }
+    std::vector<std::pair<std::string, std::string>> headers;
+    if (fault != Fault::kNoProof) {
+      headers.emplace_back("x-bc-gateway-proof",
+                           *transport::MakeGatewayProof(*signer, chain, proof_node, proof_nonce, iat));
+    }
+    std::unique_ptr<transport::WsConnection> connection = exchange.Accept(headers);
+    if (!connection) return;
+    WsGatewayStream stream(std::move(connection));
+    switch (fault) {
+      case Fault::kSilent: {
+        // Reads nothing, so the node's pings go unanswered, until the node gives up on it.
+        std::unique_lock<std::mutex> lock(state_->mu);
+        state_->cv.wait_for(lock, std::chrono::seconds(60), [&] { return state_->stopping; });
+        return;
+      }
+      case Fault::kTextMessage:
+      case Fault::kOversizedMessage:
+      case Fault::kBadMask: {
+        // After Welcome, so the node is past the handshake when the bad message comes.
+        v1::AgentFrame hello;
+        if (!stream.Read(&hello)) return;
+        v1::ServerFrame welcome;
+        welcome.mutable_welcome()->set_protocol_version(1);
+        welcome.mutable_welcome()->set_session_id("dev-faulty");
+        stream.Write(welcome);
+        if (fault == Fault::kTextMessage) {
+          stream.connection().WriteText("{\"hello\":\"text\"}");
+        } else if (fault == Fault::kOversizedMessage) {
+          // A binary frame header announcing 16 MiB + 1 byte, then the start of its payload.
+          std::string header = {'\x82', '\x7f', 0, 0, 0, 0, 1, 0, 0, 1};
+          stream.connection().WriteRaw(header + std::string(4096, 'x'));
+        } else {
+          // A masked frame: a server never masks (RFC 6455 5.1).
+          std::string frame = {'\x82', '\x82', 1, 2, 3, 4, 'a' ^ 1, 'b' ^ 2};
+          stream.connection().WriteRaw(frame);
+        }
+        std::string ignored;
+        bool text = false;
+        while (stream.connection().Read(&ignored, &text)) {
+        }
+        std::lock_guard<std::mutex> lock(state_->mu);
+        state_->ws_close_codes[node_id] = stream.connection().peer_close_code();
+        state_->cv.notify_all();
+        return;
+      }
+      default:
+        break;
+    }
+    Outcome outcome = RunSession(stream, node_id, node->chain.front(), "websocket");
+    if (outcome.code != grpc::StatusCode::OK) {
+      stream.connection().Close(1008, outcome.reason + ": " + outcome.message);
+    }
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->ws_close_codes[node_id] = stream.connection().peer_close_code();
+    state_->cv.notify_all();
   }
 
  private:
@@ -456,6 +745,21 @@ absl::StatusOr<std::unique_ptr<DevGateway>> DevGateway::Start(const DevPki& pki,
   if (!range.ok()) return range.status();
   gateway->state_->range = *range;
   gateway->service_ = std::make_unique<AgentGatewayService>(gateway->state_);
+  if (!options.websocket_listen.empty()) {
+    std::size_t colon = options.websocket_listen.rfind(':');
+    int port = std::atoi(options.websocket_listen.substr(colon + 1).c_str());
+    absl::StatusOr<std::unique_ptr<transport::WsListener>> listener = transport::WsListener::Start(
+        {.host = options.websocket_listen.substr(0, colon),
+         .port = static_cast<uint16_t>(port),
+         .key_pem = pki.serving_key().ToPem(),
+         .chain_pem = pki.ServingChainPem(),
+         .max_body = 1024 * 1024},
+        [service = gateway->service_.get()](transport::WsExchange& exchange) {
+          service->ServeWebSocket(exchange);
+        });
+    if (!listener.ok()) return listener.status();
+    gateway->ws_listener_ = *std::move(listener);
+  }
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen,
                            transport::MakeServerCredentials({.key_pem = pki.serving_key().ToPem(),
@@ -472,10 +776,53 @@ absl::StatusOr<std::unique_ptr<DevGateway>> DevGateway::Start(const DevPki& pki,
 }
 
 DevGateway::~DevGateway() {
-  if (server_) {
-    DropSessions();
-    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->stopping = true;
   }
+  state_->cv.notify_all();
+  DropSessions();
+  ws_listener_.reset();  // joins its connections' threads
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+}
+
+int DevGateway::websocket_port() const { return ws_listener_ ? ws_listener_->port() : 0; }
+
+std::string DevGateway::WebSocketConfigToml() const {
+  return fmt::format("[websocket]\nurl = \"wss://127.0.0.1:{}/v1/session\"\n", websocket_port());
+}
+
+void DevGateway::SetWsFault(WsFault fault, int count) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->ws_fault = fault;
+  state_->ws_fault_count = count;
+}
+
+std::size_t DevGateway::PendingUnsigned(const std::string& node_id) const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  auto it = state_->pending_unsigned.find(node_id);
+  return it == state_->pending_unsigned.end() ? 0 : it->second.size();
+}
+
+std::string DevGateway::LastTransport(const std::string& node_id) const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  auto it = state_->transports.find(node_id);
+  return it == state_->transports.end() ? "" : it->second;
+}
+
+std::optional<int> DevGateway::WaitForWsClose(const std::string& node_id,
+                                              std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(state_->mu);
+  if (!state_->cv.wait_for(lock, timeout,
+                           [&] { return state_->ws_close_codes.contains(node_id); })) {
+    return std::nullopt;
+  }
+  return state_->ws_close_codes.at(node_id);
+}
+
+void DevGateway::ForgetWsClose(const std::string& node_id) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->ws_close_codes.erase(node_id);
 }
 
 bool DevGateway::WaitForWelcomes(int count, std::chrono::milliseconds timeout) const {
@@ -517,6 +864,15 @@ bool DevGateway::WaitForReceived(const std::string& node_id, std::size_t count,
 }
 
 bool DevGateway::Push(const std::string& node_id, const v1::ServerFrame& frame) {
+  return PushFrame(node_id, frame, /*filtered=*/true);
+}
+
+bool DevGateway::PushUnfiltered(const std::string& node_id, const v1::ServerFrame& frame) {
+  return PushFrame(node_id, frame, /*filtered=*/false);
+}
+
+bool DevGateway::PushFrame(const std::string& node_id, const v1::ServerFrame& frame,
+                           bool filtered) {
   std::shared_ptr<OpenSession> session;
   {
     std::lock_guard<std::mutex> lock(state_->mu);
@@ -525,7 +881,14 @@ bool DevGateway::Push(const std::string& node_id, const v1::ServerFrame& frame) 
     session = it->second;
   }
   std::lock_guard<std::mutex> lock(session->write_mu);
-  return session->stream != nullptr && session->stream->Write(frame);
+  if (session->stream == nullptr) return false;
+  if (filtered && session->stream->signed_only() && UnsignedIntent(frame)) {
+    // A signed-only session never carries it: it waits for a session that may.
+    std::lock_guard<std::mutex> state_lock(state_->mu);
+    state_->pending_unsigned[node_id].push_back(frame);
+    return true;
+  }
+  return session->stream->Write(frame);
 }
 
 void DevGateway::RefuseSessions(int count, int code, const std::string& reason,
@@ -538,8 +901,15 @@ void DevGateway::RefuseSessions(int count, int code, const std::string& reason,
 }
 
 void DevGateway::DropSessions() {
-  std::lock_guard<std::mutex> lock(state_->mu);
-  for (auto& [node, session] : state_->open) session->context->TryCancel();
+  std::vector<std::shared_ptr<OpenSession>> open;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    for (auto& [node, session] : state_->open) open.push_back(session);
+  }
+  for (auto& session : open) {
+    std::lock_guard<std::mutex> lock(session->write_mu);
+    if (session->stream != nullptr) session->stream->Cancel();
+  }
 }
 
 void DevGateway::WithholdAcks(bool withhold) {
@@ -569,6 +939,13 @@ void DevGateway::WithholdAcks(bool withhold) {
 int DevGateway::renewals() const {
   std::lock_guard<std::mutex> lock(state_->mu);
   return state_->renewals;
+}
+
+int DevGateway::websocket_renewals() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  int total = 0;
+  for (const auto& [node, times] : state_->ws_renewal_times) total += static_cast<int>(times.size());
+  return total;
 }
 
 int DevGateway::clean_ends() const {

@@ -28,6 +28,9 @@
 namespace grpc {
 class Server;
 }
+namespace bcd::transport {
+class WsListener;
+}
 
 namespace bcd::testing {
 
@@ -40,6 +43,11 @@ struct DevGatewayOptions {
   // frame is acknowledged: a control plane records updates and events here before it acks them.
   std::function<void(const std::string& node_id, const bettercompute::agent::v1::AgentFrame&)>
       on_frame;
+  // Also serves sessions and POST /v1/renew over WebSocket here ("" for none), with the same
+  // serving certificate.
+  std::string websocket_listen = "127.0.0.1:0";
+  // Joins hand out a trust bundle with the command-signing root (false: without).
+  bool command_signing = true;
 };
 
 // The config.toml lines that point a bcd at a dev gateway on 127.0.0.1:`port`: gateway_url,
@@ -56,6 +64,38 @@ class DevGateway {
   // DevConfigToml for this gateway.
   std::string ConfigToml(const std::filesystem::path& state_dir) const;
   std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
+  // The WebSocket listener's port (0 when it does not run), and the [websocket] section for it.
+  int websocket_port() const;
+  std::string WebSocketConfigToml() const;
+
+  // WebSocket sessions: the node is authenticated from the upgrade headers, the 101 carries the
+  // gateway proof, and commands or specs without a signature stay pending (Push returns true and
+  // keeps them; a gRPC session of the node takes them). These make the next `count` WebSocket
+  // sessions go wrong in one way, for the tests of bcd's checks.
+  enum class WsFault {
+    kNone,
+    kNoProof,           // the 101 carries no x-bc-gateway-proof
+    kProofOtherNode,    // the proof names another node
+    kProofOtherNonce,   // ... echoes another nonce
+    kProofOldIat,       // ... was made 120 s ago
+    kProofForeignKey,   // ... is signed by a serving leaf of a CA the node does not pin
+    kTextMessage,       // after Welcome, a text message
+    kOversizedMessage,  // after Welcome, a frame announcing 16 MiB + 1
+    kBadMask,           // after Welcome, a masked frame
+    kSilent,            // accepts, then never reads: pings go unanswered
+  };
+  void SetWsFault(WsFault fault, int count = 1);
+  // Unsigned commands and specs held for `node_id`.
+  std::size_t PendingUnsigned(const std::string& node_id) const;
+  // Sends a frame as is, past the signed-only hold (what a proxy in the middle could inject).
+  bool PushUnfiltered(const std::string& node_id,
+                      const bettercompute::agent::v1::ServerFrame& frame);
+  // "grpc" or "websocket": how the last session of `node_id` came.
+  std::string LastTransport(const std::string& node_id) const;
+  // The close code the node sent when its last WebSocket session ended (0: none), once it has.
+  std::optional<int> WaitForWsClose(const std::string& node_id,
+                                    std::chrono::milliseconds timeout) const;
+  void ForgetWsClose(const std::string& node_id);
 
   // A single-use join token for `node_id`, valid `ttl` seconds.
   std::string AddJoinToken(const std::string& node_id, int64_t ttl = 3600);
@@ -92,8 +132,9 @@ class DevGateway {
   // Command updates and events are acknowledged as they arrive, unless withheld; resuming sends
   // one Ack covering what arrived meanwhile.
   void WithholdAcks(bool withhold);
-  // Renewals granted so far.
+  // Renewals granted so far (over both transports), and those over POST /v1/renew.
   int renewals() const;
+  int websocket_renewals() const;
 
   // The secret broker. A secret is bound to a workflow step (both set), to an allocation, or to a
   // host section (workflow "host:<section>", the field as step). Requests are answered with a JWE
@@ -128,6 +169,9 @@ class DevGateway {
   std::shared_ptr<State> state_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<class AgentGatewayService> service_;
+  std::unique_ptr<transport::WsListener> ws_listener_;
+  bool PushFrame(const std::string& node_id, const bettercompute::agent::v1::ServerFrame& frame,
+                 bool filtered);
   int port_ = 0;
 };
 

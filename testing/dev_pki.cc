@@ -77,12 +77,13 @@ bettercompute::agent::v1::SignedSpec DevPki::SignSpec(
   return out;
 }
 
-bettercompute::agent::v1::SignedTrustBundle DevPki::SignedBundle(uint64_t version) const {
+bettercompute::agent::v1::SignedTrustBundle DevPki::SignedBundle(uint64_t version,
+                                                                bool command_signing) const {
   bettercompute::agent::v1::TrustBundle bundle;
   bundle.set_trust_domain(kTrustDomain);
   bundle.set_version(version);
   bundle.add_node_ca(node_ca_->Der());
-  bundle.add_command_signing_roots(signing_root_->Der());
+  if (command_signing) bundle.add_command_signing_roots(signing_root_->Der());
   bettercompute::agent::v1::SignedTrustBundle signed_bundle;
   signed_bundle.set_body(bundle.SerializeAsString());
   *signed_bundle.mutable_signature() =

@@ -54,8 +54,9 @@ class DevPki {
   const pki::Certificate& signing_root() const { return *signing_root_; }
 
   // The trust bundle of this PKI at `version`, signed by the JoinService key; with the
-  // command-signing root, so command signing is on.
-  bettercompute::agent::v1::SignedTrustBundle SignedBundle(uint64_t version) const;
+  // command-signing root, so command signing is on (unless `command_signing` is false).
+  bettercompute::agent::v1::SignedTrustBundle SignedBundle(uint64_t version,
+                                                           bool command_signing = true) const;
   // The same bundle with an approver set: `approvers` as kids a0, a1, ... at `epoch`, with
   // quorum tiers as (min_targets, threshold).
   bettercompute::agent::v1::SignedTrustBundle SignedBundleWithApprovers(

@@ -33,6 +33,51 @@ std::string Refusal::ToString() const {
   return fmt::format("refused ({}): {}", reason, message);
 }
 
+Refusal RefusalOfHttp(unsigned status, const std::map<std::string, std::string>& headers,
+                      std::string message) {
+  auto header = [&](const char* name) -> std::optional<std::string> {
+    auto it = headers.find(name);
+    if (it == headers.end()) return std::nullopt;
+    return it->second;
+  };
+  Refusal refusal;
+  if (auto code = header("grpc-status"); code && Number(*code) && *Number(*code) <= 16) {
+    refusal.code = static_cast<grpc::StatusCode>(*Number(*code));
+  } else {
+    switch (status) {
+      case 400:
+        refusal.code = grpc::StatusCode::INTERNAL;
+        break;
+      case 401:
+        refusal.code = grpc::StatusCode::UNAUTHENTICATED;
+        break;
+      case 403:
+        refusal.code = grpc::StatusCode::PERMISSION_DENIED;
+        break;
+      case 404:
+        refusal.code = grpc::StatusCode::UNIMPLEMENTED;
+        break;
+      case 429:
+      case 502:
+      case 503:
+      case 504:
+        refusal.code = grpc::StatusCode::UNAVAILABLE;
+        break;
+      default:
+        refusal.code = grpc::StatusCode::UNKNOWN;
+    }
+  }
+  if (refusal.code == grpc::StatusCode::OK) refusal.code = grpc::StatusCode::UNKNOWN;
+  refusal.reason = header("x-bc-reason").value_or("");
+  refusal.message = header("grpc-message").value_or(std::move(message));
+  if (auto ms = header("grpc-retry-pushback-ms"); ms && Number(*ms)) {
+    refusal.pushback = std::chrono::milliseconds(*Number(*ms));
+  } else if (auto seconds = header("retry-after"); seconds && Number(*seconds)) {
+    refusal.pushback = std::chrono::seconds(*Number(*seconds));
+  }
+  return refusal;
+}
+
 Refusal RefusalOf(const grpc::Status& status, const grpc::ClientContext& context) {
   Refusal refusal;
   refusal.code = status.error_code();

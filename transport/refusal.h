@@ -4,6 +4,7 @@
 // requested delay (grpc-retry-pushback-ms or retry-after), if any.
 
 #include <chrono>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -22,6 +23,13 @@ struct Refusal {
   bool NeedsPerson() const;
   std::string ToString() const;  // "refused (invalid-token): unknown join token"
 };
+
+// A refusal over HTTP (the WebSocket upgrade, POST /v1/renew): grpc-status when the server sent
+// one, else the HTTP status mapped as gRPC maps it (401 UNAUTHENTICATED, 403 PERMISSION_DENIED,
+// 429/502/503/504 UNAVAILABLE, ...); x-bc-reason; pushback from grpc-retry-pushback-ms or
+// retry-after. `headers` have lower-case names.
+Refusal RefusalOfHttp(unsigned status, const std::map<std::string, std::string>& headers,
+                      std::string message);
 
 // Reads the refusal from a finished call's status and trailing metadata.
 Refusal RefusalOf(const grpc::Status& status, const grpc::ClientContext& context);

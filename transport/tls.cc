@@ -69,29 +69,7 @@ class PinnedCaVerifier : public grpc::experimental::ExternalCertificateVerifier 
   absl::Status Check(const std::string& chain_pem) const {
     absl::StatusOr<std::vector<pki::Certificate>> chain = pki::ParsePemChain(chain_pem);
     if (!chain.ok()) return absl::UnauthenticatedError("the gateway sent no certificate chain");
-    const pki::Certificate* anchor = nullptr;
-    for (const pki::Certificate& cert : *chain) {
-      if (cert.SpkiSha256() == pin_) anchor = &cert;
-    }
-    if (anchor == nullptr) {
-      return absl::UnauthenticatedError(fmt::format(
-          "the gateway's certificate chain does not lead to the pinned CA (SPKI sha256 {})",
-          pki::Hex(pin_)));
-    }
-    if (absl::Status s = pki::VerifyChain(*chain, {*anchor}, std::time(nullptr)); !s.ok()) {
-      return absl::UnauthenticatedError(
-          fmt::format("the gateway's certificate: {}", ToStd(s.message())));
-    }
-    X509* leaf = chain->front().get();
-    int match = IsIp(server_name_)
-                    ? X509_check_ip_asc(leaf, server_name_.c_str(), 0)
-                    : X509_check_host(leaf, server_name_.c_str(), server_name_.size(), 0, nullptr);
-    if (match != 1) {
-      return absl::UnauthenticatedError(
-          fmt::format("the gateway's certificate ({}) is not valid for the name \"{}\"",
-                      chain->front().Subject(), server_name_));
-    }
-    return absl::OkStatus();
+    return CheckPinnedChain(*chain, pin_, server_name_, std::time(nullptr));
   }
 
   std::string pin_;
@@ -100,6 +78,34 @@ class PinnedCaVerifier : public grpc::experimental::ExternalCertificateVerifier 
 };
 
 }  // namespace
+
+absl::Status CheckPinnedChain(const std::vector<pki::Certificate>& chain, std::string_view pin,
+                              const std::string& server_name, int64_t now) {
+  if (chain.empty()) return absl::UnauthenticatedError("the gateway sent no certificate chain");
+  const pki::Certificate* anchor = nullptr;
+  for (const pki::Certificate& cert : chain) {
+    if (cert.SpkiSha256() == pin) anchor = &cert;
+  }
+  if (anchor == nullptr) {
+    return absl::UnauthenticatedError(fmt::format(
+        "the gateway's certificate chain does not lead to the pinned CA (SPKI sha256 {})",
+        pki::Hex(pin)));
+  }
+  if (absl::Status s = pki::VerifyChain(chain, {*anchor}, now); !s.ok()) {
+    return absl::UnauthenticatedError(
+        fmt::format("the gateway's certificate: {}", ToStd(s.message())));
+  }
+  X509* leaf = chain.front().get();
+  int match = IsIp(server_name)
+                  ? X509_check_ip_asc(leaf, server_name.c_str(), 0)
+                  : X509_check_host(leaf, server_name.c_str(), server_name.size(), 0, nullptr);
+  if (match != 1) {
+    return absl::UnauthenticatedError(
+        fmt::format("the gateway's certificate ({}) is not valid for the name \"{}\"",
+                    chain.front().Subject(), server_name));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status RequireTls13() {
   static const absl::Status* result = [] {

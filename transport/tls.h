@@ -11,10 +11,13 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/security/server_credentials.h"
+#include "pki/x509.h"
 
 namespace bcd::transport {
 
@@ -38,6 +41,12 @@ class VerificationLog {
   mutable std::mutex mu_;
   std::string last_;  // guarded by mu_
 };
+
+// OK when `chain` (leaf first, as the gateway sent it) holds the CA whose SPKI sha256 is `pin`,
+// the leaf chains to it at `now`, and the leaf carries `server_name` (a DNS name or an IP).
+// Unauthenticated errors name what failed. Used for the TLS handshake and the gateway proof.
+absl::Status CheckPinnedChain(const std::vector<pki::Certificate>& chain, std::string_view pin,
+                              const std::string& server_name, int64_t now);
 
 struct ClientIdentity {
   std::string key_pem;
