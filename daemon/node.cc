@@ -122,7 +122,7 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
                 "dialed");
           }
           return transport::WsNodeIdentity{identity->key, identity->chain,
-                                            identity->node.id.node()};
+                                           identity->node.id.node()};
         },
         env.now);
     renew = HttpsRenewCall(*ws);

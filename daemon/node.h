@@ -1,7 +1,8 @@
 #pragma once
 
 // A running mode (node, site): the identity from the state dir, the transport ([websocket] url
-// moves it from gRPC to the WebSocket, signed intent only) and the session engine, wired together. main() adds signals; tests drive it directly.
+// moves it from gRPC to the WebSocket, signed intent only) and the session engine, wired together.
+// main() adds signals; tests drive it directly.
 
 #include <condition_variable>
 #include <memory>

@@ -49,7 +49,8 @@ RenewCall HttpsRenewCall(transport::WebSocketSpec spec) {
     if (!body.ok()) return body.status();
     absl::StatusOr<transport::HttpAnswer> answer =
         transport::HttpsPost(spec, "/v1/renew", "application/x-protobuf", *body, 256 * 1024);
-    if (!answer.ok()) return absl::UnavailableError("renew: " + std::string(ToStd(answer.status().message())));
+    if (!answer.ok())
+      return absl::UnavailableError("renew: " + std::string(ToStd(answer.status().message())));
     if (answer->status != 200) {
       std::string text = answer->body.substr(0, 200);
       for (char& c : text) {
@@ -112,9 +113,8 @@ absl::StatusOr<Identity> RenewOnce(const RenewCall& call, const StateDir& state,
                   current.trust_bundle};
 }
 
-Renewer::Renewer(RenewCall call, StateDir state,
-                 std::vector<pki::Certificate> node_cas, std::function<int64_t()> now,
-                 std::function<double()> uniform01, Logger* log,
+Renewer::Renewer(RenewCall call, StateDir state, std::vector<pki::Certificate> node_cas,
+                 std::function<int64_t()> now, std::function<double()> uniform01, Logger* log,
                  std::function<void(const Identity&)> on_renewed)
     : call_(std::move(call)),
       state_(std::move(state)),

@@ -1,6 +1,6 @@
 // bcd-dev: the dev stack from a shell.
 //
-//   bcd-dev up [--dir DIR] [--seconds N] [--protocol MIN..MAX] [--bcd PATH]
+//   bcd-dev up [--dir DIR] [--seconds N] [--protocol MIN..MAX] [--bcd PATH] [--websocket]
 //   bcd-dev run KIND [JSON] [--dir DIR]
 //   bcd-dev spec JSON [--dir DIR]
 //   bcd-dev secret REF VALUE (--step WORKFLOW/STEP | --allocation ID | --host SECTION/FIELD)
@@ -13,7 +13,8 @@
 // payload (approved by the dev approvers when the kind needs a quorum), sends it to the node and
 // prints its updates and result; `spec` signs and sends desired state and prints the SpecAck.
 // `secret` puts a secret in the dev broker, bound as given. All three find the running stack
-// through DIR/dev.sock; DIR defaults to the last `up`'s.
+// through DIR/dev.sock; DIR defaults to the last `up`'s. With --websocket the node joins over gRPC
+// and then runs over the gateway's WebSocket listener (signed intent only, renewals over HTTPS).
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -42,7 +43,8 @@ using bcd::testing::WaitChild;
 
 int Usage() {
   std::fprintf(stderr,
-               "usage: bcd-dev up [--dir DIR] [--seconds N] [--protocol MIN..MAX] [--bcd PATH]\n"
+               "usage: bcd-dev up [--dir DIR] [--seconds N] [--protocol MIN..MAX] [--bcd PATH] "
+               "[--websocket]\n"
                "       bcd-dev run KIND [JSON] [--dir DIR]\n"
                "       bcd-dev spec JSON [--dir DIR]\n"
                "       bcd-dev secret REF VALUE (--step WORKFLOW/STEP | --allocation ID |\n"
@@ -136,7 +138,12 @@ int main(int argc, char** argv) {
   if (args.empty() || args[0] != "up") return Usage();
   std::string dir, protocol = "1..1", bcd = BCD_DEFAULT_BINARY;
   int seconds = 0;
+  bool websocket = false;
   for (std::size_t i = 1; i < args.size(); ++i) {
+    if (args[i] == "--websocket") {
+      websocket = true;
+      continue;
+    }
     if (i + 1 >= args.size()) return Usage();
     if (args[i] == "--dir")
       dir = args[++i];
@@ -171,13 +178,20 @@ int main(int argc, char** argv) {
   std::string config = dir + "/config.toml";
   std::ofstream(config) << (*gateway)->ConfigToml(dir + "/state") << "[node]\n"
                         << "reboot_command = [\"/bin/true\"]  # the dev stack never reboots\n";
-  std::printf("dev gateway: %s (protocol %s), serving CA pin %s\n", (*gateway)->target().c_str(),
-              protocol.c_str(), pki->ServingCaPinHex().c_str());
+  std::printf(
+      "dev gateway: %s (protocol %s), WebSocket wss://127.0.0.1:%d/v1/session, serving "
+      "CA pin %s\n",
+      (*gateway)->target().c_str(), protocol.c_str(), (*gateway)->websocket_port(),
+      pki->ServingCaPinHex().c_str());
   std::printf("config: %s\n\n$ bcd join --token ... --config %s\n", config.c_str(), config.c_str());
   std::fflush(stdout);
   int joined = WaitChild(SpawnChild(
       {bcd, "join", "--config", config, "--token", (*gateway)->AddJoinToken("dev-node-1")}));
   if (joined != 0) return std::fprintf(stderr, "bcd-dev: bcd join exited %d\n", joined), 1;
+  if (websocket) {
+    std::ofstream(config, std::ios::app) << (*gateway)->WebSocketConfigToml();
+    std::printf("\nconfig: added [websocket]: the node runs over the WebSocket transport\n");
+  }
 
   std::printf("\n$ bcd node --config %s\n", config.c_str());
   std::fflush(stdout);
@@ -202,7 +216,8 @@ int main(int argc, char** argv) {
     }
     if (!welcomed && (*gateway)->LastHello("dev-node-1")) {
       welcomed = true;
-      std::printf("gateway: Hello from dev-node-1 %s\n",
+      std::printf("gateway: Hello from dev-node-1 over %s %s\n",
+                  (*gateway)->LastTransport("dev-node-1").c_str(),
                   bcd::testing::ProtoJson(*(*gateway)->LastHello("dev-node-1")).c_str());
     }
     if (welcomed && !trusted) {

@@ -116,27 +116,27 @@ struct DevGateway::State {
   const DevPki* pki;
   proto::ProtocolRange range = proto::kProtocolVersion;
   mutable std::condition_variable cv;
-  std::map<std::string, v1::Hello> hellos;                      // guarded by mu
-  std::map<std::string, std::vector<v1::AgentFrame>> received;  // guarded by mu
-  std::map<std::string, std::shared_ptr<OpenSession>> open;     // guarded by mu
-  std::vector<std::string> session_nodes;                       // guarded by mu
-  int welcomes = 0;                                             // guarded by mu
-  int clean_ends = 0;                                           // guarded by mu
-  int refuse_count = 0;                                         // guarded by mu
-  int refuse_code = 0;                                          // guarded by mu
-  std::string refuse_reason;                                    // guarded by mu
-  int64_t refuse_pushback_ms = 0;                               // guarded by mu
-  int next_session = 1;                                         // guarded by mu
-  bool withhold_acks = false;                                   // guarded by mu
-  int renewals = 0;                                             // guarded by mu
-  std::map<std::string, std::vector<int64_t>> ws_renewal_times;  // guarded by mu
+  std::map<std::string, v1::Hello> hellos;                               // guarded by mu
+  std::map<std::string, std::vector<v1::AgentFrame>> received;           // guarded by mu
+  std::map<std::string, std::shared_ptr<OpenSession>> open;              // guarded by mu
+  std::vector<std::string> session_nodes;                                // guarded by mu
+  int welcomes = 0;                                                      // guarded by mu
+  int clean_ends = 0;                                                    // guarded by mu
+  int refuse_count = 0;                                                  // guarded by mu
+  int refuse_code = 0;                                                   // guarded by mu
+  std::string refuse_reason;                                             // guarded by mu
+  int64_t refuse_pushback_ms = 0;                                        // guarded by mu
+  int next_session = 1;                                                  // guarded by mu
+  bool withhold_acks = false;                                            // guarded by mu
+  int renewals = 0;                                                      // guarded by mu
+  std::map<std::string, std::vector<int64_t>> ws_renewal_times;          // guarded by mu
   std::map<std::string, std::vector<v1::ServerFrame>> pending_unsigned;  // guarded by mu
-  std::map<std::string, std::string> transports;                // node -> last transport; mu
-  std::map<std::string, int> ws_close_codes;                    // guarded by mu
-  DevGateway::WsFault ws_fault{};                               // guarded by mu
-  int ws_fault_count = 0;                                       // guarded by mu
-  std::set<std::string> ws_nonces;                              // guarded by mu
-  bool stopping = false;                                        // guarded by mu
+  std::map<std::string, std::string> transports;  // node -> last transport; mu
+  std::map<std::string, int> ws_close_codes;      // guarded by mu
+  DevGateway::WsFault ws_fault{};                 // guarded by mu
+  int ws_fault_count = 0;                         // guarded by mu
+  std::set<std::string> ws_nonces;                // guarded by mu
+  bool stopping = false;                          // guarded by mu
   struct Secret {
     std::string value;
     DevGateway::SecretBinding binding;
@@ -528,8 +528,8 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
                        "the body is a RenewRequest as application/x-protobuf"});
       }
       if (request.body.size() > 64 * 1024) {
-        return refuse({grpc::StatusCode::INVALID_ARGUMENT, "too-large",
-                       "a renew request is at most 64 KiB"});
+        return refuse(
+            {grpc::StatusCode::INVALID_ARGUMENT, "too-large", "a renew request is at most 64 KiB"});
       }
       v1::RenewRequest renew;
       if (!proto::DecodeMessage(request.body, &renew).ok()) {
@@ -582,8 +582,8 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
     }
     std::vector<std::pair<std::string, std::string>> headers;
     if (fault != Fault::kNoProof) {
-      headers.emplace_back("x-bc-gateway-proof",
-                           *transport::MakeGatewayProof(*signer, chain, proof_node, proof_nonce, iat));
+      headers.emplace_back("x-bc-gateway-proof", *transport::MakeGatewayProof(
+                                                     *signer, chain, proof_node, proof_nonce, iat));
     }
     std::unique_ptr<transport::WsConnection> connection = exchange.Accept(headers);
     if (!connection) return;
@@ -944,7 +944,8 @@ int DevGateway::renewals() const {
 int DevGateway::websocket_renewals() const {
   std::lock_guard<std::mutex> lock(state_->mu);
   int total = 0;
-  for (const auto& [node, times] : state_->ws_renewal_times) total += static_cast<int>(times.size());
+  for (const auto& [node, times] : state_->ws_renewal_times)
+    total += static_cast<int>(times.size());
   return total;
 }
 

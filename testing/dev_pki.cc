@@ -78,7 +78,7 @@ bettercompute::agent::v1::SignedSpec DevPki::SignSpec(
 }
 
 bettercompute::agent::v1::SignedTrustBundle DevPki::SignedBundle(uint64_t version,
-                                                                bool command_signing) const {
+                                                                 bool command_signing) const {
   bettercompute::agent::v1::TrustBundle bundle;
   bundle.set_trust_domain(kTrustDomain);
   bundle.set_version(version);

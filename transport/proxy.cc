@@ -175,9 +175,11 @@ absl::StatusOr<ProxySpec> ParseProxyUrl(std::string_view text) {
   spec.host = host_port->first;
   spec.port = host_port->second.value_or(80);
   if (!user.empty() || has_password) spec.authorization = "Basic " + Base64(user + ":" + password);
-  std::string host_text = spec.host.find(':') != std::string::npos ? "[" + spec.host + "]" : spec.host;
-  spec.display = fmt::format("http://{}{}:{}", user.empty() && !has_password ? "" : user + (has_password ? ":***@" : "@"),
-                             host_text, spec.port);
+  std::string host_text =
+      spec.host.find(':') != std::string::npos ? "[" + spec.host + "]" : spec.host;
+  spec.display = fmt::format(
+      "http://{}{}:{}", user.empty() && !has_password ? "" : user + (has_password ? ":***@" : "@"),
+      host_text, spec.port);
   return spec;
 }
 
@@ -200,7 +202,8 @@ bool NoProxyMatches(std::string_view no_proxy, std::string_view host_in, uint16_
     if (!parsed) continue;
     auto [name, entry_port] = *parsed;
     if (entry_port && *entry_port != port) continue;
-    while (name.starts_with('.') || name.starts_with("*.")) name = name.substr(name[0] == '*' ? 2 : 1);
+    while (name.starts_with('.') || name.starts_with("*."))
+      name = name.substr(name[0] == '*' ? 2 : 1);
     while (name.ends_with('.')) name.pop_back();
     if (name.empty()) continue;
     if (IpBytes(name) || IpBytes(host)) {

@@ -14,10 +14,9 @@
 #include <boost/beast/websocket.hpp>
 #include <boost/beast/websocket/ssl.hpp>
 // clang-format on
+#include <arpa/inet.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
-
-#include <arpa/inet.h>
 
 #include <atomic>
 #include <cctype>
@@ -228,7 +227,8 @@ class Connection final : public WsConnection {
     std::string text(reason.substr(0, 120));
     io_.Post([this, code, text] {
       if (!ws_.is_open()) return;
-      ws_.async_close(websocket::close_reason(static_cast<websocket::close_code>(code), text), [](beast::error_code) {});
+      ws_.async_close(websocket::close_reason(static_cast<websocket::close_code>(code), text),
+                      [](beast::error_code) {});
     });
   }
   void Abort() override {
@@ -355,9 +355,8 @@ std::optional<Refusal> DialTls(Connection& c, const WebSocketSpec& spec, TlsTrus
       X509_VERIFY_PARAM_set1_host(param, spec.host.c_str(), spec.host.size());
     }
   }
-  ec = c.Step([&](Done done) {
-    c.ws().next_layer().async_handshake(ssl::stream_base::client, done);
-  });
+  ec = c.Step(
+      [&](Done done) { c.ws().next_layer().async_handshake(ssl::stream_base::client, done); });
   if (ec) {
     std::string why = !trust.failure.empty() ? trust.failure : ec.message();
     if (spec.proxy_ca_pem && trust.failure.empty()) {
@@ -439,9 +438,9 @@ class WsFrameStream final : public FrameStream {
       return refusal;  // a clean end
     }
     refusal.code = grpc::StatusCode::UNAVAILABLE;
-    refusal.message = close ? fmt::format("the gateway closed the WebSocket ({} {})", close->first,
-                                          close->second)
-                            : fmt::format("the WebSocket ended: {}", connection_->end());
+    refusal.message =
+        close ? fmt::format("the gateway closed the WebSocket ({} {})", close->first, close->second)
+              : fmt::format("the WebSocket ended: {}", connection_->end());
     return refusal;
   }
 
@@ -501,10 +500,10 @@ class WsFrameStream final : public FrameStream {
     });
     std::map<std::string, std::string> answer = HeaderMap(response);
     if (ec == websocket::error::upgrade_declined) {
-      return RefusalOfHttp(response.result_int(), answer,
-                           fmt::format("the gateway declined the WebSocket upgrade ({} {})",
-                                       response.result_int(),
-                                       std::string(response.reason().data(), response.reason().size())));
+      return RefusalOfHttp(
+          response.result_int(), answer,
+          fmt::format("the gateway declined the WebSocket upgrade ({} {})", response.result_int(),
+                      std::string(response.reason().data(), response.reason().size())));
     }
     if (ec) return Unavailable(fmt::format("the WebSocket handshake: {}", ec.message()));
     auto refuse = [&](std::string why) {
@@ -655,31 +654,30 @@ class Listener final : public WsListener {
  private:
   void AcceptNext() {
     auto c = std::make_shared<Connection>(context_);
-    acceptor_.async_accept(
-        c->io().ioc(), [this, c](beast::error_code ec, tcp::socket socket) {
-          if (ec) return;  // closed
-          std::lock_guard<std::mutex> lock(mu_);
-          if (stopping_) return;
-          beast::get_lowest_layer(c->ws()).socket() = std::move(socket);
-          connections_.push_back(c);
-          // Threads of connections that ended are joined here, so a long-lived listener keeps
-          // only the live ones.
-          for (auto it = threads_.begin(); it != threads_.end();) {
-            if (it->done->load()) {
-              it->thread.join();
-              it = threads_.erase(it);
-            } else {
-              ++it;
-            }
-          }
-          auto done = std::make_shared<std::atomic<bool>>(false);
-          threads_.push_back({std::thread([this, c, done] {
-                                Serve(c);
-                                done->store(true);
-                              }),
-                              done});
-          AcceptNext();
-        });
+    acceptor_.async_accept(c->io().ioc(), [this, c](beast::error_code ec, tcp::socket socket) {
+      if (ec) return;  // closed
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      beast::get_lowest_layer(c->ws()).socket() = std::move(socket);
+      connections_.push_back(c);
+      // Threads of connections that ended are joined here, so a long-lived listener keeps
+      // only the live ones.
+      for (auto it = threads_.begin(); it != threads_.end();) {
+        if (it->done->load()) {
+          it->thread.join();
+          it = threads_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      auto done = std::make_shared<std::atomic<bool>>(false);
+      threads_.push_back({std::thread([this, c, done] {
+                            Serve(c);
+                            done->store(true);
+                          }),
+                          done});
+      AcceptNext();
+    });
   }
 
   void Serve(std::shared_ptr<Connection> c) {
@@ -689,11 +687,12 @@ class Listener final : public WsListener {
     parser.body_limit(options_.max_body);
     beast::error_code ec = c->Step([&](Done done) {
       tcp_stream.expires_after(std::chrono::seconds(10));
-      c->ws().next_layer().async_handshake(ssl::stream_base::server, [&, done](beast::error_code ec) {
-        if (ec) return done(ec);
-        http::async_read(c->ws().next_layer(), buffer, parser,
-                         [done](beast::error_code ec, std::size_t) { done(ec); });
-      });
+      c->ws().next_layer().async_handshake(
+          ssl::stream_base::server, [&, done](beast::error_code ec) {
+            if (ec) return done(ec);
+            http::async_read(c->ws().next_layer(), buffer, parser,
+                             [done](beast::error_code ec, std::size_t) { done(ec); });
+          });
     });
     if (!ec) {
       http::request<http::string_body> request = parser.release();
@@ -725,7 +724,7 @@ class Listener final : public WsListener {
   std::shared_ptr<ssl::context> context_;
   uint16_t port_ = 0;
   std::mutex mu_;
-  bool stopping_ = false;                          // guarded by mu_
+  bool stopping_ = false;                               // guarded by mu_
   std::list<std::shared_ptr<Connection>> connections_;  // guarded by mu_
   struct Worker {
     std::thread thread;

@@ -105,7 +105,7 @@ class WsConnection {
 struct HttpRequestInfo {
   std::string method;
   std::string target;
-  std::string host;  // the Host header without its port
+  std::string host;                            // the Host header without its port
   std::map<std::string, std::string> headers;  // lower-case names
   std::string body;
   bool upgrade = false;  // a WebSocket upgrade request

@@ -62,9 +62,9 @@ absl::StatusOr<std::vector<pki::Certificate>> DecodeChainHeader(std::string_view
   return pki::ParseDerChain(der);
 }
 
-absl::StatusOr<NodeUpgradeHeaders> MakeNodeUpgradeHeaders(const pki::PrivateKey& key,
-                                                          const std::vector<pki::Certificate>& chain,
-                                                          std::string_view host, int64_t now) {
+absl::StatusOr<NodeUpgradeHeaders> MakeNodeUpgradeHeaders(
+    const pki::PrivateKey& key, const std::vector<pki::Certificate>& chain, std::string_view host,
+    int64_t now) {
   if (chain.empty()) return absl::InvalidArgumentError("no node certificate chain");
   NodeUpgradeHeaders out;
   out.nonce = pki::RandomBytes(16);
@@ -85,10 +85,11 @@ absl::Status VerifyGatewayProof(std::string_view header, const GatewayProofCheck
   if (!bytes) return Refuse("x-bc-gateway-proof is not base64url");
   bettercompute::common::v1::SignedEnvelope envelope;
   if (absl::Status s = proto::DecodeMessage(*bytes, &envelope); !s.ok()) {
-    return Refuse(fmt::format("x-bc-gateway-proof is not a SignedEnvelope: {}", ToStd(s.message())));
+    return Refuse(
+        fmt::format("x-bc-gateway-proof is not a SignedEnvelope: {}", ToStd(s.message())));
   }
-  absl::StatusOr<std::vector<pki::Certificate>> chain =
-      pki::ParseDerChain({envelope.signature().chain().begin(), envelope.signature().chain().end()});
+  absl::StatusOr<std::vector<pki::Certificate>> chain = pki::ParseDerChain(
+      {envelope.signature().chain().begin(), envelope.signature().chain().end()});
   if (!chain.ok()) {
     return Refuse(fmt::format("its certificate chain: {}", ToStd(chain.status().message())));
   }
@@ -101,9 +102,9 @@ absl::Status VerifyGatewayProof(std::string_view header, const GatewayProofCheck
   for (const pki::Certificate& cert : *chain) {
     if (cert.SpkiSha256() == check.ca_spki_sha256) anchor = &cert;
   }
-  if (absl::Status s =
-          pki::VerifyWithChain(proto::BodySigningInput(proto::Purpose::kGatewayProof, envelope.body()),
-                               envelope.signature(), {*anchor}, check.now);
+  if (absl::Status s = pki::VerifyWithChain(
+          proto::BodySigningInput(proto::Purpose::kGatewayProof, envelope.body()),
+          envelope.signature(), {*anchor}, check.now);
       !s.ok()) {
     return Refuse(fmt::format("its signature: {}", ToStd(s.message())));
   }
@@ -112,14 +113,14 @@ absl::Status VerifyGatewayProof(std::string_view header, const GatewayProofCheck
     return Refuse(fmt::format("its body is not a GatewayProof: {}", ToStd(s.message())));
   }
   if (proof.node_id() != check.node_id) {
-    return Refuse(fmt::format("it names node \"{}\", this node is \"{}\"", proof.node_id(),
-                              check.node_id));
+    return Refuse(
+        fmt::format("it names node \"{}\", this node is \"{}\"", proof.node_id(), check.node_id));
   }
   if (proof.nonce() != check.nonce) return Refuse("it echoes another nonce");
   int64_t iat = static_cast<int64_t>(std::min<uint64_t>(proof.iat(), INT64_MAX));
   if (iat > check.now + kProofSkewSeconds || iat < check.now - kProofSkewSeconds) {
-    return Refuse(fmt::format("its iat {} is not within {} s of this node's clock ({})", proof.iat(),
-                              kProofSkewSeconds, check.now));
+    return Refuse(fmt::format("its iat {} is not within {} s of this node's clock ({})",
+                              proof.iat(), kProofSkewSeconds, check.now));
   }
   return absl::OkStatus();
 }
@@ -135,8 +136,8 @@ absl::StatusOr<std::string> MakeGatewayProof(const pki::PrivateKey& serving_key,
   bettercompute::common::v1::SignedEnvelope envelope;
   envelope.set_body(proof.SerializeAsString());
   absl::StatusOr<bettercompute::common::v1::Signature> signature =
-      pki::Sign(proto::BodySigningInput(proto::Purpose::kGatewayProof, envelope.body()), serving_key,
-                "gateway", serving_chain_der);
+      pki::Sign(proto::BodySigningInput(proto::Purpose::kGatewayProof, envelope.body()),
+                serving_key, "gateway", serving_chain_der);
   if (!signature.ok()) return signature.status();
   *envelope.mutable_signature() = *signature;
   return pki::Base64UrlEncode(envelope.SerializeAsString());
@@ -160,7 +161,8 @@ absl::StatusOr<UpgradingNode> VerifyNodeUpgrade(const std::map<std::string, std:
     return absl::PermissionDeniedError(fmt::format("the node chain: {}", ToStd(s.message())));
   }
   absl::StatusOr<pki::NodeIdentity> identity = pki::IdentityOf(chain->front());
-  if (!identity.ok()) return absl::PermissionDeniedError(std::string(ToStd(identity.status().message())));
+  if (!identity.ok())
+    return absl::PermissionDeniedError(std::string(ToStd(identity.status().message())));
   std::optional<std::string> nonce = pki::Base64UrlDecode(get("x-bc-nonce"));
   if (!nonce || nonce->size() != 16) {
     return absl::UnauthenticatedError("x-bc-nonce is not base64url of 16 bytes");

@@ -30,9 +30,9 @@ struct NodeUpgradeHeaders {
   std::string nonce;  // the 16 raw bytes the gateway proof must echo
   std::map<std::string, std::string> headers;
 };
-absl::StatusOr<NodeUpgradeHeaders> MakeNodeUpgradeHeaders(const pki::PrivateKey& key,
-                                                          const std::vector<pki::Certificate>& chain,
-                                                          std::string_view host, int64_t now);
+absl::StatusOr<NodeUpgradeHeaders> MakeNodeUpgradeHeaders(
+    const pki::PrivateKey& key, const std::vector<pki::Certificate>& chain, std::string_view host,
+    int64_t now);
 
 // What the client knows when it checks the 101.
 struct GatewayProofCheck {

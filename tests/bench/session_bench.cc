@@ -1,6 +1,7 @@
 // Prints the session figures of quality.md, measured against the dev gateway on loopback with the
-// real bcd binary: median `bcd join`, median process start to Welcome, and the RSS and CPU of an
-// idle `bcd node` with a live session.
+// real bcd binary: median `bcd join`, median process start to Welcome over gRPC, over WebSocket
+// and over WebSocket through Debian's tinyproxy (interleaved, run by run), and the RSS and CPU of
+// an idle `bcd node` with a live session.
 //
 //   build/tests/bench/session_bench [runs=9] [idle_seconds=60]
 
@@ -77,16 +78,47 @@ int main(int argc, char** argv) {
     joins.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
     node_config = config;
   }
-  for (int i = 0; i < runs; ++i) {
+  // The same identity over the WebSocket: the config with a [websocket] section.
+  std::string ws_config = node_config + ".ws.toml";
+  {
+    std::ifstream in(node_config);
+    std::ofstream out(ws_config);
+    out << in.rdbuf() << gateway->WebSocketConfigToml();
+  }
+  int proxy_port = bcd::testing::FreeLoopbackPort();
+  std::ofstream(dir + "/tinyproxy.conf")
+      << "Port " << proxy_port << "\nListen 127.0.0.1\nAllow 127.0.0.1\nConnectPort "
+      << gateway->websocket_port() << "\nLogLevel Error\n"
+      << (geteuid() == 0 ? "User nobody\nGroup nogroup\n" : "");
+  pid_t proxy = SpawnChild({"tinyproxy", "-d", "-c", dir + "/tinyproxy.conf"});
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  std::vector<double> ws_starts, proxied_starts;
+  int welcomes = 0;
+  auto start_to_welcome = [&](const std::string& config, std::vector<double>* into) {
     auto start = Clock::now();
-    pid_t pid = SpawnChild({bcd, "node", "--config", node_config});
-    if (!gateway->WaitForWelcomes(i + 1, std::chrono::seconds(30))) return 1;
-    starts.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+    pid_t pid = SpawnChild({bcd, "node", "--config", config});
+    if (!gateway->WaitForWelcomes(++welcomes, std::chrono::seconds(30))) return false;
+    into->push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
     kill(pid, SIGTERM);
     WaitChild(pid);
+    return true;
+  };
+  std::string proxy_url = "http://127.0.0.1:" + std::to_string(proxy_port);
+  for (int i = 0; i < runs; ++i) {
+    if (!start_to_welcome(node_config, &starts)) return 1;
+    if (!start_to_welcome(ws_config, &ws_starts)) return 1;
+    setenv("https_proxy", proxy_url.c_str(), 1);  // the child inherits it
+    bool proxied = start_to_welcome(ws_config, &proxied_starts);
+    unsetenv("https_proxy");
+    if (!proxied) {
+      std::fprintf(stderr, "no Welcome through tinyproxy (is it installed?)\n");
+      return 1;
+    }
   }
+  kill(proxy, SIGTERM);
+  WaitChild(proxy);
   pid_t pid = SpawnChild({bcd, "node", "--config", node_config});
-  gateway->WaitForWelcomes(runs + 1, std::chrono::seconds(30));
+  gateway->WaitForWelcomes(++welcomes, std::chrono::seconds(30));
   auto [rss_start, ticks_start] = Usage(pid);
   std::this_thread::sleep_for(std::chrono::seconds(idle));
   auto [rss, ticks] = Usage(pid);
@@ -95,7 +127,11 @@ int main(int argc, char** argv) {
   double cpu = 100.0 * static_cast<double>(ticks - ticks_start) / sysconf(_SC_CLK_TCK) / idle;
   std::printf("runs %d, dev gateway on loopback, bcd %s\n", runs, bcd.c_str());
   std::printf("bcd join (key, CSR, Join, persist), median   %7.1f ms\n", Median(joins));
-  std::printf("process start to Welcome, median             %7.1f ms\n", Median(starts));
+  std::printf(
+      "process start to Welcome, median: gRPC %.1f ms, WebSocket %.1f ms (x%.2f), "
+      "WebSocket through tinyproxy %.1f ms (x%.2f)\n",
+      Median(starts), Median(ws_starts), Median(ws_starts) / Median(starts), Median(proxied_starts),
+      Median(proxied_starts) / Median(starts));
   std::printf("RSS of bcd node with a session: at Welcome %ld KiB, after %d s idle %ld KiB\n",
               rss_start, idle, rss);
   std::printf("CPU while idle for %d s                       %7.3f %% of one core\n", idle, cpu);

@@ -82,9 +82,9 @@ class WebSocket : public ::testing::Test {
 
   // Joins over gRPC (join needs no client certificate) and moves to the WebSocket.
   Config JoinAs(const std::string& node, const std::string& state = "state",
-               const std::string& extra = "") {
-    std::string text = gateway_->ConfigToml(dir_.path() / state) +
-                       gateway_->WebSocketConfigToml() + extra;
+                const std::string& extra = "") {
+    std::string text =
+        gateway_->ConfigToml(dir_.path() / state) + gateway_->WebSocketConfigToml() + extra;
     Config config = *Config::Parse(text, "test.toml");
     JoinSpec spec{.evidence = gateway_->AddJoinToken(node), .now = Now, .sleep = [](seconds) {}};
     EXPECT_TRUE(JoinFleet(config, spec).ok());
@@ -289,8 +289,7 @@ TEST_F(WebSocket, AProxyThatRefusesTheCredentialsIsNamedAndRetried) {
   int port = StartTinyproxy(&proxy, "bcd right");
   env_["https_proxy"] = "http://bcd:wrong@127.0.0.1:" + std::to_string(port);
   StartDaemon(JoinAs("n-1"));
-  ASSERT_TRUE(WaitForError("(it refused the credentials)"))
-      << daemon_->Snapshot().last_error;
+  ASSERT_TRUE(WaitForError("(it refused the credentials)")) << daemon_->Snapshot().last_error;
   EXPECT_EQ(gateway_->SessionNodes().size(), 0u);
   EXPECT_EQ(log_text_.str().find("wrong"), std::string::npos) << "the proxy password was logged";
 }
@@ -331,10 +330,10 @@ TEST_F(WebSocket, ATlsInspectingProxyIsTrustedForTransportWhileTheProofAuthentic
   StopDaemon();
 
   // With it, the transport trusts the proxy, and the gateway proof still comes from the gateway.
-  Config inspected = *Config::Parse(gateway_->ConfigToml(dir_.path() / "state") +
-                                        gateway_->WebSocketConfigToml() + "proxy_ca_file = \"" +
-                                        proxy_ca.string() + "\"\n",
-                                    "test.toml");
+  Config inspected =
+      *Config::Parse(gateway_->ConfigToml(dir_.path() / "state") + gateway_->WebSocketConfigToml() +
+                         "proxy_ca_file = \"" + proxy_ca.string() + "\"\n",
+                     "test.toml");
   StartDaemon(inspected);
   ASSERT_TRUE(gateway_->WaitForWelcomes(1, kWait));
   ExpectInventoryRefresh("c-1");
@@ -348,6 +347,7 @@ TEST_F(WebSocket, ATlsInspectingProxyIsTrustedForTransportWhileTheProofAuthentic
 }
 
 struct ProofCase {
+  std::string name;
   Fault fault;
   std::string error;
 };
@@ -367,11 +367,13 @@ TEST_P(UnprovenGateway, IsClosedBeforeAnyFrameAndRedialed) {
 INSTANTIATE_TEST_SUITE_P(
     Proofs, UnprovenGateway,
     ::testing::Values(
-        ProofCase{Fault::kNoProof, "the 101 carries no x-bc-gateway-proof"},
-        ProofCase{Fault::kProofOtherNode, "it names node \"someone-else\", this node is \"n-1\""},
-        ProofCase{Fault::kProofOtherNonce, "it echoes another nonce"},
-        ProofCase{Fault::kProofOldIat, "is not within 60 s of this node's clock"},
-        ProofCase{Fault::kProofForeignKey, "does not lead to the pinned CA"}));
+        ProofCase{"NoProof", Fault::kNoProof, "the 101 carries no x-bc-gateway-proof"},
+        ProofCase{"OtherNode", Fault::kProofOtherNode,
+                  "it names node \"someone-else\", this node is \"n-1\""},
+        ProofCase{"OtherNonce", Fault::kProofOtherNonce, "it echoes another nonce"},
+        ProofCase{"OldIat", Fault::kProofOldIat, "is not within 60 s of this node's clock"},
+        ProofCase{"ForeignKey", Fault::kProofForeignKey, "does not lead to the pinned CA"}),
+    [](const auto& info) { return info.param.name; });
 
 TEST_F(WebSocket, UnsignedIntentStaysPendingAndInjectedUnsignedIntentIsRefused) {
   StartDaemon(JoinAs("n-1"));
@@ -381,8 +383,7 @@ TEST_F(WebSocket, UnsignedIntentStaysPendingAndInjectedUnsignedIntentIsRefused) 
   EXPECT_EQ(gateway_->PendingUnsigned("n-1"), 1u);
   ExpectInventoryRefresh("c-signed");  // later than the held one, and it went through
   for (const auto& frame : gateway_->Received("n-1")) {
-    EXPECT_FALSE(frame.has_command_update() &&
-                 frame.command_update().command_id() == "c-unsigned");
+    EXPECT_FALSE(frame.has_command_update() && frame.command_update().command_id() == "c-unsigned");
   }
   // Injected past the gateway (what a proxy in the middle could do): refused, and reported.
   ASSERT_TRUE(Push(pki_.SignCommand(Make("c-injected", "inventory.refresh"), false), false));
@@ -408,6 +409,7 @@ TEST_F(WebSocket, UnsignedIntentStaysPendingAndInjectedUnsignedIntentIsRefused) 
 }
 
 struct BadMessageCase {
+  std::string name;
   Fault fault;
   int close_code;  // what bcd closes with (RFC 6455 7.4.1)
 };
@@ -426,9 +428,11 @@ TEST_P(BadMessage, EndsTheSessionWithTheRightCloseCodeAndRedials) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Messages, BadMessage,
-                         ::testing::Values(BadMessageCase{Fault::kTextMessage, 1003},
-                                           BadMessageCase{Fault::kOversizedMessage, 1009},
-                                           BadMessageCase{Fault::kBadMask, 1002}));
+                         ::testing::Values(BadMessageCase{"Text", Fault::kTextMessage, 1003},
+                                           BadMessageCase{"Oversized", Fault::kOversizedMessage,
+                                                          1009},
+                                           BadMessageCase{"Masked", Fault::kBadMask, 1002}),
+                         [](const auto& info) { return info.param.name; });
 
 TEST_F(WebSocket, AGatewayThatStopsAnsweringPingsIsDetectedAndRedialed) {
   keepalive_ = milliseconds(400);
