@@ -87,5 +87,44 @@ TEST(DevStack, RunAndSpecAgainstARunningUp) {
   EXPECT_NE(gone.out.find("is bcd-dev up running?"), std::string::npos) << gone.out;
 }
 
+// The same stack with the node on the WebSocket transport: the real binaries, signed intent only.
+TEST(DevStack, UpWithWebSocketRunsCommandsOverIt) {
+  FakeRoot dir;
+  std::string stack = (dir.path() / "stack").string();
+  setenv("XDG_RUNTIME_DIR", dir.path().c_str(), 1);
+  unsetenv("https_proxy");
+  unsetenv("HTTPS_PROXY");
+  std::string out = (dir.path() / "up.out").string();
+  pid_t up = bcd::testing::SpawnChild(
+      {"sh", "-c",
+       "exec " + std::string(BCD_DEV_BINARY) + " up --websocket --dir " + stack +
+           " --seconds 120 --bcd " + BCD_BINARY + " > " + out + " 2>&1"});
+  ASSERT_GT(up, 0);
+  std::string tool = std::string(BCD_DEV_BINARY);
+  Ran ready{1, ""};
+  for (int i = 0; i < 200 && ready.status != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (std::filesystem::exists(stack + "/dev.sock"))
+      ready = RunTool(tool + " run inventory.refresh --dir " + stack);
+  }
+  EXPECT_EQ(ready.status, 0) << ready.out;
+  Ran reboot = RunTool(tool + " run node.reboot '{\"reason\": \"test\"}' --dir " + stack);
+  EXPECT_EQ(reboot.status, 0) << reboot.out;
+  // up prints what the gateway saw on its next tick (every 200 ms).
+  Ran printed{0, ""};
+  for (int i = 0; i < 100; ++i) {
+    printed = RunTool("cat " + out);
+    if (printed.out.find("gateway: Hello from dev-node-1 over websocket") != std::string::npos) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_NE(printed.out.find("gateway: Hello from dev-node-1 over websocket"), std::string::npos)
+      << printed.out;
+  kill(up, SIGTERM);
+  EXPECT_EQ(bcd::testing::WaitChild(up), 0);
+  EXPECT_NE(printed.out.find("[websocket]"), std::string::npos) << printed.out;
+}
+
 }  // namespace
 }  // namespace bcd

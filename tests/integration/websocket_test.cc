@@ -352,6 +352,8 @@ struct ProofCase {
   std::string error;
 };
 
+void PrintTo(const ProofCase& c, std::ostream* os) { *os << c.name; }
+
 class UnprovenGateway : public WebSocket, public ::testing::WithParamInterface<ProofCase> {};
 
 TEST_P(UnprovenGateway, IsClosedBeforeAnyFrameAndRedialed) {
@@ -413,6 +415,8 @@ struct BadMessageCase {
   Fault fault;
   int close_code;  // what bcd closes with (RFC 6455 7.4.1)
 };
+
+void PrintTo(const BadMessageCase& c, std::ostream* os) { *os << c.name; }
 
 class BadMessage : public WebSocket, public ::testing::WithParamInterface<BadMessageCase> {};
 

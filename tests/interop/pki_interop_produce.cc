@@ -1,6 +1,6 @@
 // Makes bcd's side of the interop check: ES256 signatures over signing inputs, a JWE sealed to the
-// Node fixtures' recipient, a tunnel ticket and its JWKS, and a CSR, for check-ours.mjs and
-// `openssl req -verify` to accept or refuse.
+// Node fixtures' recipient, a tunnel ticket and its JWKS, a CSR, and the WebSocket upgrade's node
+// headers and gateway proof, for check-ours.mjs and `openssl req -verify` to accept or refuse.
 //
 //   pki_interop_produce NODE_FIXTURES.json OURS.json OURS_CSR.der
 
@@ -9,11 +9,14 @@
 #include <sstream>
 
 #include "nlohmann/json.hpp"
+#include "pki/base64url.h"
 #include "pki/jwe.h"
 #include "pki/jwt.h"
 #include "pki/keys.h"
 #include "pki/x509.h"
 #include "proto/signing_input.h"
+#include "testing/dev_pki.h"
+#include "transport/ws_auth.h"
 
 namespace {
 
@@ -73,6 +76,23 @@ int main(int argc, char** argv) {
                            {"op", "exec"},      {"cmd", {"id"}}};
   out["jwt"] = Must(pki::SignJwt(claims.dump(), ticket_key, "bcd-1"));
   out["jwks"] = pki::JwksOf(ticket_key.Public(), "bcd-1");
+
+  // The WebSocket upgrade: the node's x-bc-node-* headers and a gateway proof, with the
+  // certificates Node should find in them.
+  testing::DevPki dev = Must(testing::DevPki::Create(kNow - 60));
+  pki::PrivateKey node_key = Must(pki::PrivateKey::Generate());
+  pki::Certificate node_leaf = Must(dev.IssueNode(node_key.Public(), "n-1", 1, kNow - 60, 3600));
+  transport::NodeUpgradeHeaders upgrade = Must(transport::MakeNodeUpgradeHeaders(
+      node_key, {node_leaf, dev.node_ca()}, "gw.example.net", kNow));
+  out["ws"]["host"] = "gw.example.net";
+  out["ws"]["headers"] = upgrade.headers;
+  out["ws"]["leaf"] = pki::Hex(node_leaf.Der());
+  out["ws"]["node_ca"] = pki::Hex(dev.node_ca().Der());
+  out["ws"]["gateway_proof"] = Must(transport::MakeGatewayProof(
+      dev.serving_key(), {dev.serving_leaf().Der(), dev.serving_ca().Der()}, "n-1", upgrade.nonce,
+      kNow));
+  out["ws"]["serving_leaf"] = pki::Hex(dev.serving_leaf().Der());
+  out["ws"]["serving_ca"] = pki::Hex(dev.serving_ca().Der());
 
   std::ofstream(argv[2]) << out.dump(1) << "\n";
   std::ofstream(argv[3], std::ios::binary) << Must(pki::CreateCsr(key, "n-1"));
