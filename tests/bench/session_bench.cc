@@ -19,8 +19,13 @@
 #include <thread>
 #include <vector>
 
+#include "daemon/config.h"
+#include "daemon/gateway.h"
+#include "daemon/identity.h"
 #include "testing/child_process.h"
 #include "testing/dev_gateway.h"
+#include "transport/grpc_transport.h"
+#include "transport/websocket.h"
 
 namespace {
 
@@ -55,6 +60,25 @@ std::pair<long, long> Usage(pid_t pid) {
   std::vector<std::string> f;
   for (std::string x; fields >> x;) f.push_back(x);
   return {rss, std::stol(f[11]) + std::stol(f[12])};  // fields 14 and 15 of /proc/pid/stat
+}
+
+// In process: open a session stream, send Hello, read Welcome, end the stream. Milliseconds.
+double DialToWelcome(bcd::transport::Transport& transport) {
+  auto start = Clock::now();
+  auto stream = transport.OpenSession();
+  if (!stream.ok()) return -1;
+  bettercompute::agent::v1::AgentFrame hello;
+  hello.mutable_hello()->set_proto_min(1);
+  hello.mutable_hello()->set_proto_max(1);
+  hello.mutable_hello()->set_role(bettercompute::common::v1::ROLE_NODE);
+  bettercompute::agent::v1::ServerFrame welcome;
+  if (!(*stream)->Write(hello) || !(*stream)->Read(&welcome) || !welcome.has_welcome()) return -1;
+  double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  (*stream)->CloseSend();
+  while ((*stream)->Read(&welcome)) {
+  }
+  (*stream)->Finish();
+  return ms;
 }
 
 }  // namespace
@@ -115,6 +139,38 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  // Dial to Welcome in process, the three ways in turn, with the last node's identity.
+  bcd::Config grpc_config = *bcd::Config::Load(node_config);
+  bcd::Config ws_config_parsed = *bcd::Config::Load(ws_config);
+  bcd::StateDir state = *bcd::StateDir::Open(grpc_config.state_dir());
+  bcd::Identity identity = *state.LoadIdentity();
+  std::string chain_pem;
+  for (const auto& cert : identity.chain) chain_pem += cert.Pem();
+  bcd::transport::GrpcTransport grpc(bcd::GatewayChannel(grpc_config), [&] {
+    return absl::StatusOr<bcd::transport::ClientIdentity>(
+        bcd::transport::ClientIdentity{identity.key.ToPem(), chain_pem});
+  });
+  auto ws_identity = [&] {
+    return absl::StatusOr<bcd::transport::WsNodeIdentity>(
+        bcd::transport::WsNodeIdentity{identity.key, identity.chain, identity.node.id.node()});
+  };
+  auto clock = [] { return static_cast<int64_t>(std::time(nullptr)); };
+  bcd::transport::WebSocketSpec direct_spec = *bcd::WebSocketChannel(ws_config_parsed);
+  direct_spec.env = [](const char*) { return std::optional<std::string>(); };
+  bcd::transport::WebSocketSpec proxied_spec = direct_spec;
+  proxied_spec.env = [&](const char* name) {
+    return std::string(name) == "https_proxy" ? std::optional<std::string>(proxy_url)
+                                              : std::optional<std::string>();
+  };
+  bcd::transport::WebSocketTransport direct(direct_spec, ws_identity, clock);
+  bcd::transport::WebSocketTransport proxied(proxied_spec, ws_identity, clock);
+  std::vector<double> grpc_dials, ws_dials, proxied_dials;
+  for (int i = 0; i < runs; ++i) {
+    grpc_dials.push_back(DialToWelcome(grpc));
+    ws_dials.push_back(DialToWelcome(direct));
+    proxied_dials.push_back(DialToWelcome(proxied));
+    welcomes += 3;
+  }
   kill(proxy, SIGTERM);
   WaitChild(proxy);
   pid_t pid = SpawnChild({bcd, "node", "--config", node_config});
@@ -132,6 +188,11 @@ int main(int argc, char** argv) {
       "WebSocket through tinyproxy %.1f ms (x%.2f)\n",
       Median(starts), Median(ws_starts), Median(ws_starts) / Median(starts), Median(proxied_starts),
       Median(proxied_starts) / Median(starts));
+  std::printf(
+      "dial to Welcome in process, median: gRPC %.2f ms, WebSocket %.2f ms (x%.2f), "
+      "WebSocket through tinyproxy %.2f ms (x%.2f)\n",
+      Median(grpc_dials), Median(ws_dials), Median(ws_dials) / Median(grpc_dials),
+      Median(proxied_dials), Median(proxied_dials) / Median(grpc_dials));
   std::printf("RSS of bcd node with a session: at Welcome %ld KiB, after %d s idle %ld KiB\n",
               rss_start, idle, rss);
   std::printf("CPU while idle for %d s                       %7.3f %% of one core\n", idle, cpu);
