@@ -13,19 +13,12 @@
 #include "fmt/format.h"
 #include "proto/absl_compat.h"
 #include "toml++/toml.h"
+#include "transport/proxy.h"
 
 namespace bcd {
 namespace {
 
-std::optional<uint16_t> ParsePort(std::string_view text) {
-  unsigned value = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || value == 0 ||
-      value > 65535) {
-    return std::nullopt;
-  }
-  return static_cast<uint16_t>(value);
-}
+using transport::ParsePort;
 
 bool IsIpv4(const std::string& text) {
   in_addr addr{};

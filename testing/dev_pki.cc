@@ -77,6 +77,19 @@ bettercompute::agent::v1::SignedSpec DevPki::SignSpec(
   return out;
 }
 
+bettercompute::agent::v1::Command DevPki::MakeCommand(const std::string& id,
+                                                      const std::string& node_id,
+                                                      const std::string& kind, int64_t now,
+                                                      int64_t ttl) {
+  bettercompute::agent::v1::Command command;
+  command.set_command_id(id);
+  command.set_node_id(node_id);
+  command.set_kind(kind);
+  command.set_issued_at(static_cast<uint64_t>(now));
+  command.set_expires_at(static_cast<uint64_t>(now + ttl));
+  return command;
+}
+
 bettercompute::agent::v1::SignedTrustBundle DevPki::SignedBundle(uint64_t version,
                                                                  bool command_signing) const {
   bettercompute::agent::v1::TrustBundle bundle;

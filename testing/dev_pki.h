@@ -44,6 +44,11 @@ class DevPki {
                                              const std::string& node_id, uint64_t generation,
                                              int64_t now, int64_t lifetime) const;
 
+  // A command `id` of `kind` for `node_id`, issued at `now` and expiring `ttl` seconds later.
+  static bettercompute::agent::v1::Command MakeCommand(const std::string& id,
+                                                       const std::string& node_id,
+                                                       const std::string& kind, int64_t now,
+                                                       int64_t ttl = 300);
   // A command for `node_id`, signed by the worker key with its chain (or unsigned).
   bettercompute::agent::v1::SignedCommand SignCommand(
       const bettercompute::agent::v1::Command& command, bool sign = true) const;

@@ -55,16 +55,6 @@ std::string Base64(std::string_view bytes) {
   return out;
 }
 
-std::optional<uint16_t> Port(std::string_view text) {
-  unsigned value = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || value == 0 ||
-      value > 65535) {
-    return std::nullopt;
-  }
-  return static_cast<uint16_t>(value);
-}
-
 // Splits "host[:port]" / "[v6][:port]"; nullopt when malformed.
 std::optional<std::pair<std::string, std::optional<uint16_t>>> HostPort(std::string_view text) {
   std::string host;
@@ -88,7 +78,7 @@ std::optional<std::pair<std::string, std::optional<uint16_t>>> HostPort(std::str
   std::optional<uint16_t> port;
   if (!rest.empty()) {
     if (rest.front() != ':') return std::nullopt;
-    port = Port(rest.substr(1));
+    port = ParsePort(rest.substr(1));
     if (!port) return std::nullopt;
   }
   return std::make_pair(Lower(host), port);
@@ -124,6 +114,16 @@ bool CidrMatches(std::string_view entry, const std::string& host) {
 }
 
 }  // namespace
+
+std::optional<uint16_t> ParsePort(std::string_view text) {
+  unsigned value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || value == 0 ||
+      value > 65535) {
+    return std::nullopt;
+  }
+  return static_cast<uint16_t>(value);
+}
 
 absl::StatusOr<ProxySpec> ParseProxyUrl(std::string_view text) {
   std::string_view rest = Trim(text);

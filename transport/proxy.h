@@ -14,6 +14,9 @@
 
 namespace bcd::transport {
 
+// A TCP port in decimal, 1..65535; nullopt otherwise.
+std::optional<uint16_t> ParsePort(std::string_view text);
+
 struct ProxySpec {
   std::string host;  // IPv6 without brackets
   uint16_t port = 0;

@@ -80,13 +80,7 @@ class Commands : public ::testing::Test {
   }
 
   v1::Command Make(const std::string& id, const std::string& kind) {
-    v1::Command command;
-    command.set_command_id(id);
-    command.set_node_id("n-1");
-    command.set_kind(kind);
-    command.set_issued_at(static_cast<uint64_t>(std::time(nullptr)));
-    command.set_expires_at(static_cast<uint64_t>(std::time(nullptr)) + 300);
-    return command;
+    return DevPki::MakeCommand(id, "n-1", kind, std::time(nullptr));
   }
 
   void Send(const v1::SignedCommand& command) {

@@ -33,6 +33,17 @@ Ran RunTool(const std::string& command) {
   return ran;
 }
 
+// Waits for `up` to serve DIR/dev.sock and for a first inventory.refresh through it to succeed.
+Ran FirstRun(const std::string& tool, const std::string& stack) {
+  Ran ready{1, ""};
+  for (int i = 0; i < 200 && ready.status != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (std::filesystem::exists(stack + "/dev.sock"))
+      ready = RunTool(tool + " run inventory.refresh --dir " + stack);
+  }
+  return ready;
+}
+
 TEST(DevStack, RunAndSpecAgainstARunningUp) {
   FakeRoot dir;
   std::string stack = (dir.path() / "stack").string();
@@ -41,13 +52,7 @@ TEST(DevStack, RunAndSpecAgainstARunningUp) {
       {BCD_DEV_BINARY, "up", "--dir", stack, "--seconds", "120", "--bcd", BCD_BINARY});
   ASSERT_GT(up, 0);
   std::string tool = std::string(BCD_DEV_BINARY);
-  // Ready once the node has taken the approver set (the first run would race it otherwise).
-  Ran ready{1, ""};
-  for (int i = 0; i < 200 && ready.status != 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    if (std::filesystem::exists(stack + "/dev.sock"))
-      ready = RunTool(tool + " run inventory.refresh --dir " + stack);
-  }
+  Ran ready = FirstRun(tool, stack);
   EXPECT_EQ(ready.status, 0) << ready.out;
   EXPECT_NE(ready.out.find("\"state\": \"COMMAND_STATE_SUCCEEDED\""), std::string::npos);
   EXPECT_NE(ready.out.find("\"collected_at\""), std::string::npos);
@@ -101,12 +106,7 @@ TEST(DevStack, UpWithWebSocketRunsCommandsOverIt) {
            " --seconds 120 --bcd " + BCD_BINARY + " > " + out + " 2>&1"});
   ASSERT_GT(up, 0);
   std::string tool = std::string(BCD_DEV_BINARY);
-  Ran ready{1, ""};
-  for (int i = 0; i < 200 && ready.status != 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    if (std::filesystem::exists(stack + "/dev.sock"))
-      ready = RunTool(tool + " run inventory.refresh --dir " + stack);
-  }
+  Ran ready = FirstRun(tool, stack);
   EXPECT_EQ(ready.status, 0) << ready.out;
   Ran reboot = RunTool(tool + " run node.reboot '{\"reason\": \"test\"}' --dir " + stack);
   EXPECT_EQ(reboot.status, 0) << reboot.out;

@@ -121,13 +121,7 @@ class WebSocket : public ::testing::Test {
   }
 
   v1::Command Make(const std::string& id, const std::string& kind) {
-    v1::Command command;
-    command.set_command_id(id);
-    command.set_node_id("n-1");
-    command.set_kind(kind);
-    command.set_issued_at(static_cast<uint64_t>(Now()));
-    command.set_expires_at(static_cast<uint64_t>(Now()) + 300);
-    return command;
+    return DevPki::MakeCommand(id, "n-1", kind, std::time(nullptr));
   }
 
   bool Push(const v1::SignedCommand& command, bool filtered = true) {

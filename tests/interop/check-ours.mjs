@@ -5,6 +5,7 @@
 import { compactDecrypt, createLocalJWKSet, importPKCS8, jwtVerify, base64url } from 'jose';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
+import { signingInput, u64 } from './layout.mjs';
 import assert from 'node:assert/strict';
 
 const fixtures = JSON.parse(fs.readFileSync(process.argv[2]));
@@ -36,17 +37,7 @@ assert.equal(payload.op, 'exec');
 assert.deepEqual(payload.cmd, ['id']);
 checked++;
 
-// The WebSocket upgrade, read with Node's crypto and a signing-input layout of its own.
-function signingInput(purpose, parts) {
-  const chunks = [Buffer.from(`bettercompute.v1/${purpose}\0`)];
-  for (const p of parts) {
-    const len = Buffer.alloc(4);
-    len.writeUInt32BE(p.length);
-    chunks.push(len, p);
-  }
-  return Buffer.concat(chunks);
-}
-const u64 = (v) => { const b = Buffer.alloc(8); b.writeBigUInt64BE(BigInt(v)); return b; };
+// The WebSocket upgrade, read with Node's crypto and the layout of layout.mjs.
 const b64u = (text) => Buffer.from(base64url.decode(text));
 // Parts: uint32_be(len) || bytes, repeated.
 function splitParts(bytes) {

@@ -4,6 +4,7 @@
 import { CompactEncrypt, SignJWT, UnsecuredJWT, exportJWK, exportPKCS8, generateKeyPair, base64url } from 'jose';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
+import { signingInput, u64 } from './layout.mjs';
 
 const NOW = 1800000000;
 const out = {};
@@ -63,16 +64,6 @@ out.jwt = {
 
 // --- ES256 over signing inputs, laid out here independently of bcd's code.
 const N = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551n;
-function signingInput(purpose, parts) {
-  const chunks = [Buffer.from(`bettercompute.v1/${purpose}\0`)];
-  for (const p of parts) {
-    const len = Buffer.alloc(4);
-    len.writeUInt32BE(p.length);
-    chunks.push(len, p);
-  }
-  return Buffer.concat(chunks);
-}
-const u64 = (v) => { const b = Buffer.alloc(8); b.writeBigUInt64BE(BigInt(v)); return b; };
 const signer = crypto.generateKeyPairSync('ec', { namedCurve: 'P-256' });
 function es256(input, high) {
   const sig = crypto.sign('sha256', input, { key: signer.privateKey, dsaEncoding: 'ieee-p1363' });
