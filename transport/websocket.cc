@@ -181,6 +181,7 @@ class Connection final : public WsConnection {
 
   IoThread& io() { return io_; }
   WsStream& ws() { return ws_; }
+  tcp::resolver& resolver() { return resolver_; }
   // One step of a dial or handshake on the io thread, refused once the connection was aborted
   // (an Abort that came before the step started would otherwise be missed).
   beast::error_code Step(std::function<void(Done)> start) {
@@ -223,17 +224,15 @@ class Connection final : public WsConnection {
                        [done](beast::error_code ec, std::size_t) { done(ec); });
     });
   }
-  void Close(uint16_t code, std::string_view reason) override {
-    std::string text(reason.substr(0, 120));
-    io_.Post([this, code, text] {
-      if (!ws_.is_open()) return;
-      ws_.async_close(websocket::close_reason(static_cast<websocket::close_code>(code), text),
-                      [](beast::error_code) {});
-    });
+  void Close(uint16_t code, std::string_view reason) override { StartClose(code, reason); }
+  // Starts the close handshake (once per connection) and waits up to `timeout` for it to end.
+  void CloseAndWait(uint16_t code, std::string_view reason, std::chrono::milliseconds timeout) {
+    StartClose(code, reason).wait_for(timeout);
   }
   void Abort() override {
     aborted_.store(true);
     io_.Post([this] {
+      resolver_.cancel();
       beast::error_code ignored;
       beast::get_lowest_layer(ws_).socket().shutdown(tcp::socket::shutdown_both, ignored);
       beast::get_lowest_layer(ws_).close();
@@ -272,9 +271,26 @@ class Connection final : public WsConnection {
     });
   }
 
+  // The close frame goes once, however many callers ask (a failed read and a stop, say).
+  std::shared_future<void> StartClose(uint16_t code, std::string_view reason) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (close_done_.valid()) return close_done_;
+    auto promise = std::make_shared<std::promise<void>>();
+    close_done_ = promise->get_future().share();
+    std::string text(reason.substr(0, 120));
+    io_.Post([this, code, text, promise] {
+      if (!ws_.is_open()) return promise->set_value();
+      ws_.async_close(websocket::close_reason(static_cast<websocket::close_code>(code), text),
+                      [promise](beast::error_code) { promise->set_value(); });
+    });
+    return close_done_;
+  }
+
   std::shared_ptr<ssl::context> context_;
   IoThread io_;
   WsStream ws_;
+  tcp::resolver resolver_{io_.ioc()};
+  std::shared_future<void> close_done_;  // guarded by mu_
   std::atomic<bool> aborted_{false};
   std::mutex write_mu_;
   mutable std::mutex mu_;
@@ -294,14 +310,14 @@ std::optional<Refusal> DialTls(Connection& c, const WebSocketSpec& spec, TlsTrus
   std::string where = *proxy ? fmt::format("the proxy {}", (*proxy)->display)
                              : fmt::format("{}:{}", spec.host, spec.port);
   auto& tcp_stream = beast::get_lowest_layer(c.ws());
-  tcp::resolver resolver(c.io().ioc());
   tcp::resolver::results_type endpoints;
   beast::error_code ec = c.Step([&](Done done) {
-    resolver.async_resolve(connect_host, std::to_string(connect_port),
-                           [&, done](beast::error_code ec, tcp::resolver::results_type results) {
-                             endpoints = std::move(results);
-                             done(ec);
-                           });
+    c.resolver().async_resolve(
+        connect_host, std::to_string(connect_port),
+        [&, done](beast::error_code ec, tcp::resolver::results_type results) {
+          endpoints = std::move(results);
+          done(ec);
+        });
   });
   if (ec) return Unavailable(fmt::format("cannot resolve {}: {}", where, ec.message()));
   ec = c.Step([&](Done done) {
@@ -456,8 +472,8 @@ class WsFrameStream final : public FrameStream {
       Refusal refusal = Unavailable(message, std::move(reason));
       refusal_ = refusal;
     }
-    connection_->Close(code, message);
-    // The close handshake gets a moment; the socket goes when the stream is destroyed.
+    // The close handshake gets a moment before the stream (and its socket) goes.
+    connection_->CloseAndWait(code, message, std::chrono::seconds(1));
     return false;
   }
 
