@@ -283,6 +283,7 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
         fmt::format("another bcd is already running on {}", dir.path().string()));
   }
   daemon->state_dir_ = dir.path();
+  daemon->transport_name_ = websocket ? "websocket" : "grpc";
   daemon->log_ = env.log;
   daemon->now_ = env.now;
   absl::StatusOr<std::unique_ptr<ControlServer>> control =
@@ -332,7 +333,7 @@ void NodeDaemon::ScheduleReboot(std::chrono::seconds delay, std::string reason) 
 std::string NodeDaemon::StatusText() const {
   std::string text = StateDirStatusText(state_dir_, now_());
   SessionSnapshot s = engine_->Snapshot();
-  text += fmt::format("session: {}", s.state);
+  text += fmt::format("session: {} over {}", s.state, transport_name_);
   if (!s.session_id.empty()) {
     text += fmt::format(" (session {}, protocol {}{})", s.session_id, s.protocol_version,
                         s.upgrade_required ? ", upgrade required" : "");

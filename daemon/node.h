@@ -90,6 +90,7 @@ class NodeDaemon {
   bool stopping_ = false;  // guarded by reboot_mu_
   std::thread reboot_;     // guarded by reboot_mu_
   std::filesystem::path state_dir_;
+  std::string transport_name_ = "grpc";  // or "websocket"
   std::function<int64_t()> now_;
   Logger* log_ = nullptr;
 };

@@ -293,7 +293,7 @@ TEST_F(Session, StatusComesFromTheRunningDaemon) {
   std::string text = StatusOutput(dir_.path() / "config.toml");
   EXPECT_NE(text.find("node: spiffe://dev.test/site/dev/node/n-1\n"), std::string::npos) << text;
   EXPECT_NE(text.find("trust version: 1\n"), std::string::npos) << text;
-  EXPECT_NE(text.find("session: connected (session dev-session-1, protocol 1)\n"),
+  EXPECT_NE(text.find("session: connected over grpc (session dev-session-1, protocol 1)\n"),
             std::string::npos)
       << text;
   EXPECT_NE(text.find("last error: -\n"), std::string::npos) << text;

@@ -199,7 +199,9 @@ TEST_F(WebSocket, ASessionRunsSignedCommandsAndEndsCleanly) {
   StartDaemon(JoinAs("n-1"));
   ASSERT_TRUE(gateway_->WaitForWelcomes(1, kWait));
   EXPECT_EQ(gateway_->LastTransport("n-1"), "websocket");
-  ASSERT_TRUE(gateway_->WaitForReceived("n-1", 1, kWait));
+  ASSERT_TRUE(gateway_->WaitForReceived("n-1", 1, kWait));  // the StatusReport after Welcome
+  EXPECT_NE(daemon_->StatusText().find("session: connected over websocket"), std::string::npos)
+      << daemon_->StatusText();
   EXPECT_TRUE(gateway_->Received("n-1").front().has_status());
   ExpectInventoryRefresh("c-1");
   // A signed spec is applied too.
