@@ -1,5 +1,7 @@
 #include "daemon/log.h"
 
+#include <sstream>
+
 namespace bcd {
 namespace {
 
@@ -24,6 +26,12 @@ void Logger::Log(LogLevel level, std::string_view event,
   line += "\n";
   std::lock_guard<std::mutex> lock(mu_);
   *out_ << line << std::flush;
+}
+
+std::string Logger::Text() {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto* text = dynamic_cast<std::ostringstream*>(out_);
+  return text == nullptr ? "" : text->str();
 }
 
 }  // namespace bcd

@@ -20,6 +20,9 @@ class Logger {
  public:
   Logger(std::ostream* out, LogLevel level) : out_(out), level_(level) {}
   void set_level(LogLevel level) { level_ = level; }
+  // What was logged so far when the stream is a std::ostringstream, else "": for tests that read
+  // the log while other threads write to it.
+  std::string Text();
   LogLevel level() const { return level_; }
   void Log(LogLevel level, std::string_view event,
            std::initializer_list<std::pair<std::string_view, std::string>> fields = {});

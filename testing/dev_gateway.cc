@@ -150,7 +150,9 @@ struct DevGateway::State {
   std::optional<pki::PublicKey> node_sig_key;  // guarded by mu
   std::set<std::string> workload_instances;    // guarded by mu
   pki::PrivateKey workload_issuer = *pki::PrivateKey::Generate();
-  std::set<std::string> renew_nonces;  // guarded by mu
+  std::set<std::string> renew_nonces;           // guarded by mu
+  std::set<std::string> revoked;                // node ids; guarded by mu
+  std::map<std::string, uint64_t> generations;  // the newest generation issued; guarded by mu
   DevGatewayOptions options;
   mutable std::mutex mu;
   std::map<std::string, JoinToken> tokens;  // guarded by mu
@@ -284,6 +286,7 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
                             std::string(ToStd(leaf.status().message())));
       token.used = true;
       ++state_->granted;
+      state_->generations[token.node_id] = 1;
       v1::JoinGrant* grant = body.mutable_grant();
       grant->add_certificate_chain(leaf->Der());
       grant->add_certificate_chain(state_->pki->node_ca().Der());
@@ -359,8 +362,20 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
       return refuse(grpc::StatusCode::INVALID_ARGUMENT, "bad-csr",
                     "the CSR or identity is malformed");
     }
+    std::string node = identity->id.node();
+    if (state_->revoked.contains(node)) {
+      return refuse(grpc::StatusCode::PERMISSION_DENIED, "revoked", "this node is revoked");
+    }
+    // Only the newest certificate renews: an older one (a copy taken before a renewal) is refused.
+    uint64_t generation = identity->generation.value_or(0);
+    if (auto it = state_->generations.find(node);
+        it != state_->generations.end() && generation < it->second) {
+      return refuse(
+          grpc::StatusCode::PERMISSION_DENIED, "superseded",
+          fmt::format("generation {} was replaced by generation {}", generation, it->second));
+    }
     if (rate_limited) {
-      std::vector<int64_t>& times = state_->ws_renewal_times[identity->id.node()];
+      std::vector<int64_t>& times = state_->ws_renewal_times[node];
       std::erase_if(times, [&](int64_t t) { return t <= now - 3600; });
       if (times.size() >= 6) {
         Outcome limited = refuse(grpc::StatusCode::RESOURCE_EXHAUSTED, "rate-limited",
@@ -371,12 +386,12 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
       times.push_back(now);
     }
     absl::StatusOr<pki::Certificate> leaf =
-        state_->pki->IssueNode(*key, identity->id.node(), identity->generation.value_or(0) + 1, now,
-                               state_->options.node_cert_lifetime);
+        state_->pki->IssueNode(*key, node, generation + 1, now, state_->options.node_cert_lifetime);
     if (!leaf.ok()) {
       return refuse(grpc::StatusCode::INTERNAL, "internal",
                     std::string(ToStd(leaf.status().message())));
     }
+    state_->generations[node] = generation + 1;
     response->add_certificate_chain(leaf->Der());
     response->add_certificate_chain(state_->pki->node_ca().Der());
     ++state_->renewals;
@@ -401,16 +416,21 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
       return Refuse(context, grpc::StatusCode::UNAUTHENTICATED, "bad-identity",
                     std::string(ToStd(identity.status().message())));
     }
-    if (std::optional<Outcome> refused = TakeRefusal()) return Refuse(context, *refused);
+    if (std::optional<Outcome> refused = TakeRefusal(identity->id.node())) {
+      return Refuse(context, *refused);
+    }
     GrpcGatewayStream gateway_stream(context, stream);
     Outcome outcome = RunSession(gateway_stream, identity->id.node(), *cert, "grpc");
     if (outcome.code != grpc::StatusCode::OK) return Refuse(context, outcome);
     return grpc::Status::OK;
   }
 
-  // The refusal the test asked for, if one is due.
-  std::optional<Outcome> TakeRefusal() {
+  // `revoked` for a revoked node, else the refusal the test asked for, if one is due.
+  std::optional<Outcome> TakeRefusal(const std::string& node) {
     std::lock_guard<std::mutex> lock(state_->mu);
+    if (state_->revoked.contains(node)) {
+      return Outcome{grpc::StatusCode::PERMISSION_DENIED, "revoked", "this node is revoked"};
+    }
     if (state_->refuse_count <= 0) return std::nullopt;
     --state_->refuse_count;
     return Outcome{static_cast<grpc::StatusCode>(state_->refuse_code), state_->refuse_reason,
@@ -564,9 +584,9 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
       fault = state_->ws_fault_count > 0 ? state_->ws_fault : DevGateway::WsFault::kNone;
       if (state_->ws_fault_count > 0) --state_->ws_fault_count;
     }
-    if (std::optional<Outcome> refused = TakeRefusal()) return refuse(*refused);
-    using Fault = DevGateway::WsFault;
     std::string node_id = node->identity.id.node();
+    if (std::optional<Outcome> refused = TakeRefusal(node_id)) return refuse(*refused);
+    using Fault = DevGateway::WsFault;
     std::string proof_node = fault == Fault::kProofOtherNode ? "someone-else" : node_id;
     std::string proof_nonce = fault == Fault::kProofOtherNonce ? pki::RandomBytes(16) : node->nonce;
     int64_t iat = fault == Fault::kProofOldIat ? now - 120 : now;
@@ -939,6 +959,11 @@ void DevGateway::WithholdAcks(bool withhold) {
 int DevGateway::renewals() const {
   std::lock_guard<std::mutex> lock(state_->mu);
   return state_->renewals;
+}
+
+void DevGateway::Revoke(const std::string& node_id) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->revoked.insert(node_id);
 }
 
 int DevGateway::websocket_renewals() const {

@@ -132,7 +132,10 @@ class DevGateway {
   // Command updates and events are acknowledged as they arrive, unless withheld; resuming sends
   // one Ack covering what arrived meanwhile.
   void WithholdAcks(bool withhold);
-  // Renewals granted so far (over both transports), and those over POST /v1/renew.
+  // From now on `node_id`'s sessions and renewals are refused with `revoked`.
+  void Revoke(const std::string& node_id);
+  // Renewals granted so far (over both transports), and those over POST /v1/renew. A renewal
+  // must present the newest generation issued to the node (older: `superseded`).
   int renewals() const;
   int websocket_renewals() const;
 

@@ -13,9 +13,11 @@
 #include <sstream>
 #include <thread>
 
+#include "daemon/gateway.h"
 #include "daemon/identity.h"
 #include "daemon/join.h"
 #include "daemon/node.h"
+#include "daemon/renew.h"
 #include "gtest/gtest.h"
 #include "testing/child_process.h"
 #include "testing/dev_gateway.h"
@@ -246,6 +248,44 @@ TEST_F(WebSocket, RenewsOverHttpsAndTheNextDialUsesTheNewCertificate) {
   ExpectInventoryRefresh("c-after-renewal");
 }
 
+TEST_F(WebSocket, RenewalRefusesASupersededCertificateAndARevokedNode) {
+  lifetime_ = 9;
+  gateway_ = *DevGateway::Start(pki_, {.node_cert_lifetime = lifetime_});
+  Config config = JoinAs("n-1");
+  StateDir state = *StateDir::Open(config.state_dir());
+  Identity first = *state.LoadIdentity();
+  StartDaemon(config);
+  ASSERT_TRUE(daemon_->WaitForRenewals(1, seconds(30)));
+  // The certificate from before the renewal (a copy someone kept) cannot renew any more.
+  transport::WebSocketSpec spec = *WebSocketChannel(config);
+  spec.env = [](const char*) { return std::optional<std::string>(); };
+  StateDir copy = *StateDir::Open(dir_.path() / "copy");
+  transport::Refusal refusal;
+  absl::StatusOr<Identity> stale = RenewOnce(
+      HttpsRenewCall(spec), copy, first,
+      pki::TrustState::FromFirstBundle(first.trust_bundle, first.join_service_key)->node_cas(), Now,
+      &refusal);
+  ASSERT_FALSE(stale.ok());
+  EXPECT_EQ(refusal.reason, "superseded") << stale.status();
+  EXPECT_NE(std::string(stale.status().message()).find("generation 1 was replaced by generation 2"),
+            std::string::npos)
+      << stale.status();
+  // Revoked: the renewer stops at its next renewal (the session stays up until it ends), and the
+  // session stops at its next dial.
+  gateway_->Revoke("n-1");
+  for (int i = 0; i < 300 && log_.Text().find("renew.stopped") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  EXPECT_NE(log_.Text().find("event=renew.stopped error=\"renew refused (revoked)"),
+            std::string::npos)
+      << log_.Text();
+  gateway_->DropSessions();
+  runner_.join();
+  EXPECT_EQ(result_.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(std::string(result_.message()).find("revoked"), std::string::npos) << result_;
+  daemon_.reset();
+}
+
 TEST_F(WebSocket, GoesThroughTinyproxy) {
   Child proxy;
   int port = StartTinyproxy(&proxy);
@@ -277,7 +317,7 @@ TEST_F(WebSocket, GoesThroughTinyproxyWithBasicAuthAndRenewsThroughIt) {
     ++connects;
   }
   EXPECT_GE(connects, 2u) << log;  // the session and the renewal
-  EXPECT_EQ(log_text_.str().find("s3cr"), std::string::npos) << "the proxy password was logged";
+  EXPECT_EQ(log_.Text().find("s3cr"), std::string::npos) << "the proxy password was logged";
 }
 
 TEST_F(WebSocket, AProxyThatRefusesTheCredentialsIsNamedAndRetried) {
@@ -287,7 +327,7 @@ TEST_F(WebSocket, AProxyThatRefusesTheCredentialsIsNamedAndRetried) {
   StartDaemon(JoinAs("n-1"));
   ASSERT_TRUE(WaitForError("(it refused the credentials)")) << daemon_->Snapshot().last_error;
   EXPECT_EQ(gateway_->SessionNodes().size(), 0u);
-  EXPECT_EQ(log_text_.str().find("wrong"), std::string::npos) << "the proxy password was logged";
+  EXPECT_EQ(log_.Text().find("wrong"), std::string::npos) << "the proxy password was logged";
 }
 
 TEST_F(WebSocket, NoProxySendsTheGatewayDirect) {
@@ -359,7 +399,7 @@ TEST_P(UnprovenGateway, IsClosedBeforeAnyFrameAndRedialed) {
   // No Hello reached the gateway from these; after the faults, the session comes up.
   ASSERT_TRUE(gateway_->WaitForWelcomes(1, kWait));
   EXPECT_EQ(gateway_->SessionNodes().size(), 1u);
-  EXPECT_NE(log_text_.str().find("gateway-proof"), std::string::npos);
+  EXPECT_NE(log_.Text().find("gateway-proof"), std::string::npos);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -440,7 +480,7 @@ TEST_F(WebSocket, AGatewayThatStopsAnsweringPingsIsDetectedAndRedialed) {
   StartDaemon(JoinAs("n-1"));
   ASSERT_TRUE(gateway_->WaitForWelcomes(1, kWait));
   EXPECT_EQ(gateway_->SessionNodes().size(), 1u);
-  EXPECT_NE(log_text_.str().find("timeout"), std::string::npos) << log_text_.str();
+  EXPECT_NE(log_.Text().find("timeout"), std::string::npos) << log_.Text();
 }
 
 TEST_F(WebSocket, RefusesToRunWithoutCommandSigningRoots) {
@@ -457,7 +497,7 @@ TEST_F(WebSocket, RefusalsOnTheUpgradeSteerTheRedial) {
   gateway_->RefuseSessions(1, 14, "draining", 300);
   StartDaemon(JoinAs("n-1"));
   ASSERT_TRUE(gateway_->WaitForWelcomes(1, kWait));
-  EXPECT_NE(log_text_.str().find("reason=draining"), std::string::npos) << log_text_.str();
+  EXPECT_NE(log_.Text().find("reason=draining"), std::string::npos) << log_.Text();
   StopDaemon();
   gateway_->RefuseSessions(1, 7, "revoked", 0);
   StartDaemon(JoinAs("n-2", "state-2"));
