@@ -20,6 +20,12 @@ namespace {
 
 using transport::ParsePort;
 
+std::string LowerCase(std::string_view text) {
+  std::string out(text);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
 bool IsIpv4(const std::string& text) {
   in_addr addr{};
   return inet_pton(AF_INET, text.c_str(), &addr) == 1;
@@ -102,6 +108,48 @@ std::optional<std::pair<std::string, std::string_view>> SplitHostPort(std::strin
 }
 
 }  // namespace
+
+absl::StatusOr<TunnelAllowRule> TunnelAllowRule::Parse(std::string_view text) {
+  std::size_t colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) {
+    return absl::InvalidArgumentError(
+        fmt::format("expected HOST:PORT (PORT a number or *), got \"{}\"", text));
+  }
+  std::string_view host = text.substr(0, colon), port = text.substr(colon + 1);
+  TunnelAllowRule rule;
+  rule.text = std::string(text);
+  if (port != "*") {
+    rule.port = ParsePort(port);
+    if (!rule.port) {
+      return absl::InvalidArgumentError(
+          fmt::format("\"{}\": the port must be 1 to 65535 or *", text));
+    }
+  }
+  if (host.starts_with('[') && host.ends_with(']')) host = host.substr(1, host.size() - 2);
+  std::string_view address = host.substr(0, host.find('/'));
+  if (transport::IpBytes(address)) {
+    if (host.find('/') != std::string_view::npos && !transport::InCidr(host, address)) {
+      return absl::InvalidArgumentError(fmt::format("\"{}\": a bad CIDR block", text));
+    }
+    rule.host = std::string(host);
+    return rule;
+  }
+  for (char c : host) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-') {
+      return absl::InvalidArgumentError(
+          fmt::format("\"{}\": HOST must be an IP, a CIDR block or a host name", text));
+    }
+  }
+  rule.host = LowerCase(host);
+  rule.is_name = true;
+  return rule;
+}
+
+bool TunnelAllowRule::Allows(std::string_view host, std::string_view address, uint16_t port) const {
+  if (this->port && *this->port != port) return false;
+  if (is_name) return LowerCase(host) == this->host;
+  return transport::InCidr(this->host, address);
+}
 
 absl::StatusOr<Url> Url::Parse(std::string_view text,
                                std::initializer_list<std::string_view> schemes, bool allow_query) {
@@ -473,6 +521,44 @@ class ConfigParser {
                 } else {
                   config->max_tunnels_ = static_cast<uint32_t>(value->get());
                 }
+              }},
+             {"user",
+              [&](const toml::node& n, const std::string& k) {
+                if (auto s = String(n, k)) {
+                  bool ok = !s->empty() && s->size() <= 32 && (*s)[0] != '-';
+                  for (char c : *s) {
+                    ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' ||
+                                c == '-' || c == '.');
+                  }
+                  if (!ok) {
+                    Error(n, k, fmt::format("expected a user name, got \"{}\"", *s));
+                  } else {
+                    config->tunnel_user_ = *s;
+                  }
+                }
+              }},
+             {"allow",
+              [&](const toml::node& n, const std::string& k) {
+                const toml::array* array = n.as_array();
+                if (!array) {
+                  Error(n, k,
+                        fmt::format("expected an array of \"HOST:PORT\" strings, got {}",
+                                    TypeName(n)));
+                  return;
+                }
+                std::vector<TunnelAllowRule> rules;
+                for (std::size_t i = 0; i < array->size(); ++i) {
+                  std::string item_key = fmt::format("{}[{}]", k, i);
+                  std::optional<std::string> text = String(*array->get(i), item_key);
+                  if (!text) return;
+                  absl::StatusOr<TunnelAllowRule> rule = TunnelAllowRule::Parse(*text);
+                  if (!rule.ok()) {
+                    Error(*array->get(i), item_key, ToStd(rule.status().message()));
+                    return;
+                  }
+                  rules.push_back(*std::move(rule));
+                }
+                config->tunnel_allow_ = std::move(rules);
               }},
          });
   }

@@ -76,6 +76,20 @@ std::string_view LogLevelName(LogLevel level);
 // A systemd unit name as journalctl -u takes it (letters, digits, ":-_.\@"; no leading dash).
 bool IsUnitName(std::string_view name);
 
+// Where a `tcp` tunnel may connect: "HOST:PORT", HOST an IP, a CIDR block (IPv6 in brackets) or a
+// name, PORT a number or "*". A name matches the ticket's host as written; an address or block
+// matches the address the host resolves to.
+struct TunnelAllowRule {
+  std::string host;              // lower-case name, IP or CIDR (no brackets)
+  bool is_name = false;          // else an IP or CIDR block
+  std::optional<uint16_t> port;  // nullopt: any
+  std::string text;              // as written
+  static absl::StatusOr<TunnelAllowRule> Parse(std::string_view text);
+  // Whether a connection to `address` (an IP literal) for the ticket's `host` and `port` is
+  // allowed.
+  bool Allows(std::string_view host, std::string_view address, uint16_t port) const;
+};
+
 struct WebSocketConfig {
   Url url;
   std::optional<std::filesystem::path> proxy_ca_file;
@@ -109,6 +123,10 @@ class Config {
   const std::vector<std::string>& reboot_command() const { return reboot_command_; }
   const std::string& log_unit() const { return log_unit_; }
   uint32_t max_tunnels() const { return max_tunnels_; }
+  // [tunnels] user: whom `shell` tunnels log in as ("" = the user bcd runs as); allow: where `tcp`
+  // tunnels may go (default: loopback only).
+  const std::string& tunnel_user() const { return tunnel_user_; }
+  const std::vector<TunnelAllowRule>& tunnel_allow() const { return tunnel_allow_; }
   const std::string& source() const { return source_; }
 
  private:
@@ -128,6 +146,10 @@ class Config {
   std::vector<std::string> reboot_command_{"systemctl", "reboot"};
   std::string log_unit_ = "bcd.service";
   uint32_t max_tunnels_ = kMaxTunnels;
+  std::string tunnel_user_;
+  std::vector<TunnelAllowRule> tunnel_allow_ = {*TunnelAllowRule::Parse("127.0.0.0/8:*"),
+                                                *TunnelAllowRule::Parse("[::1]:*"),
+                                                *TunnelAllowRule::Parse("localhost:*")};
 };
 
 }  // namespace bcd

@@ -11,6 +11,7 @@
 #include "daemon/renew.h"
 #include "daemon/secrets.h"
 #include "daemon/subprocess.h"
+#include "daemon/tunnels.h"
 #include "fmt/format.h"
 #include "pki/files.h"
 #include "pki/jwt.h"
@@ -142,9 +143,15 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
       id.ok()) {
     boot_id = id->substr(0, id->find('\n'));
   }
+  std::vector<std::string> capabilities;
+  if (!websocket) {
+    capabilities = {"tunnel.shell", "tunnel.exec", "tunnel.tcp"};
+    if (mode == proto::Mode::kNode) capabilities.push_back("tunnel.instance-dial");
+  }
   SessionOptions options{
       .role = mode == proto::Mode::kSite ? bettercompute::common::v1::ROLE_SITE
                                          : bettercompute::common::v1::ROLE_NODE,
+      .capabilities = capabilities,
       .now = env.now,
       .uniform01 = env.uniform01,
       .status_interval = env.status_interval,
@@ -249,6 +256,34 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
     if (!keys.ok()) return keys.status();
     return absl::OkStatus();
   });
+  if (!websocket) {
+    absl::StatusOr<std::unique_ptr<TunnelRunner>> tunnels = TunnelRunner::Create(
+        {.node_id = identity->node.id.node(),
+         .max = config.max_tunnels(),
+         .state_dir = dir.path(),
+         .jwks = [self] { return self->desired_->tunnel_jwks(); },
+         .now = env.now,
+         .user = config.tunnel_user(),
+         .allow = config.tunnel_allow(),
+         .instance_address = [self](const std::string& id) -> std::optional<std::string> {
+           for (const auto& instance : self->desired_->vps_instances()) {
+             if (instance.instance_id() == id && !instance.address().empty()) {
+               return instance.address();
+             }
+           }
+           return std::nullopt;
+         },
+         .event =
+             [self](const std::string& kind, const std::string& message,
+                    const std::map<std::string, std::string>& attributes) {
+               (void)self->engine_->Emit(bettercompute::agent::v1::SEVERITY_WARNING, kind, message,
+                                         attributes);
+             }},
+        env.log);
+    if (!tunnels.ok()) return tunnels.status();
+    daemon->tunnels_ = *std::move(tunnels);
+    daemon->engine_->set_tunnels(daemon->tunnels_.get());
+  }
   daemon->desired_->Reapply();
   daemon->engine_->set_desired(daemon->desired_.get());
   if (mode == proto::Mode::kNode && config.imds_listen()) {
@@ -358,6 +393,8 @@ absl::Status NodeDaemon::Run() {
 int NodeDaemon::renewals() const { return renewer_->renewals(); }
 
 uint16_t NodeDaemon::imds_port() const { return imds_ ? imds_->port() : 0; }
+
+int NodeDaemon::tunnels_open() const { return tunnels_ ? tunnels_->active() : 0; }
 
 bool NodeDaemon::WaitForRenewals(int count, std::chrono::milliseconds timeout) const {
   return renewer_->WaitForRenewals(count, timeout);

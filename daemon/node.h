@@ -58,6 +58,8 @@ class NodeDaemon {
   const class DesiredState& desired() const { return *desired_; }
   // The metadata service's port, 0 when it does not run.
   uint16_t imds_port() const;
+  // Tunnels open now.
+  int tunnels_open() const;
   // Secrets and workload tokens over the session, for handlers and the metadata service.
   class SecretClient& secrets() {
     return *secrets_;
@@ -80,6 +82,7 @@ class NodeDaemon {
   std::unique_ptr<class DesiredState> desired_;
   std::unique_ptr<class SecretClient> secrets_;
   std::unique_ptr<class ImdsServer> imds_;
+  std::unique_ptr<class TunnelRunner> tunnels_;
   std::mutex key_mu_;
   std::optional<pki::PrivateKey> node_key_;  // guarded by key_mu_; replaced at each renewal
   // node.reboot: waits out the delay and for the outbox to drain, then runs the reboot command.

@@ -6,6 +6,7 @@
 #include "daemon/desired.h"
 #include "daemon/dispatcher.h"
 #include "daemon/secrets.h"
+#include "daemon/tunnels.h"
 #include "proto/absl_compat.h"
 
 namespace bcd {
@@ -226,8 +227,12 @@ bool SessionEngine::Handle(const v1::ServerFrame& frame) {
         (void)Emit(v1::SEVERITY_WARNING, "tunnel.refused",
                    "tunnels need the gRPC transport; this session is a WebSocket",
                    {{"tunnel_id", frame.open_tunnel().tunnel_id()}});
+        return unhandled();
       }
-      return unhandled();
+      if (tunnels_ == nullptr || serving_ == nullptr) return unhandled();
+      // A refusal is logged and reported by the runner; the gateway's open times out.
+      (void)tunnels_->Open(frame.open_tunnel(), *serving_, Snapshot().session_id);
+      return false;
     case v1::ServerFrame::FRAME_NOT_SET: {
       std::lock_guard<std::mutex> lock(mu_);
       ++snapshot_.unknown_frames;
@@ -294,9 +299,12 @@ transport::Refusal SessionEngine::Serve(transport::FrameStream& stream, Backoff&
     }
   });
   v1::ServerFrame frame;
+  serving_ = &stream;
   while (stream.Read(&frame)) {
     if (Handle(frame)) stream.Write(Status());  // StatusReport on change
   }
+  serving_ = nullptr;
+  if (tunnels_ != nullptr) tunnels_->CloseAll();  // a tunnel lives no longer than its session
   {
     std::lock_guard<std::mutex> lock(ticker_mu);
     ended = true;

@@ -88,6 +88,9 @@ class SessionEngine {
   // Where secret and workload-token answers go, and who learns of sessions starting and ending.
   // Set before Run.
   void set_secrets(class SecretClient* secrets) { secrets_ = secrets; }
+  // Where OpenTunnel goes (gRPC sessions); without one, those frames are counted as unhandled.
+  // Every tunnel of a session ends with it. Set before Run.
+  void set_tunnels(class TunnelRunner* tunnels) { tunnels_ = tunnels; }
   // The period of StatusReport from the next one on (the daemon section of desired state).
   void set_status_interval(std::chrono::milliseconds interval) {
     status_interval_ms_ = interval.count();
@@ -118,6 +121,8 @@ class SessionEngine {
   class Dispatcher* dispatcher_ = nullptr;
   class DesiredState* desired_ = nullptr;
   class SecretClient* secrets_ = nullptr;
+  class TunnelRunner* tunnels_ = nullptr;
+  transport::FrameStream* serving_ = nullptr;  // the stream Serve runs; Run thread only
   std::atomic<int64_t> status_interval_ms_{0};
   transport::Transport* transport_;
   pki::TrustState trust_;  // owned by the Run thread

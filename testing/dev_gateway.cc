@@ -3,6 +3,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <ctime>
+#include <deque>
 #include <set>
 #include <thread>
 
@@ -10,6 +11,7 @@
 #include "fmt/format.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "nlohmann/json.hpp"
 #include "pki/base64url.h"
 #include "pki/envelope.h"
 #include "pki/jwe.h"
@@ -112,6 +114,23 @@ struct Outcome {
   int64_t pushback_ms = 0;
 };
 
+struct DevTunnel::Impl {
+  std::string id, node, ticket;
+  std::mutex mu;
+  std::condition_variable cv;
+  grpc::ServerContext* context = nullptr;                                        // guarded by mu
+  grpc::ServerReaderWriter<v1::TunnelFrame, v1::TunnelFrame>* stream = nullptr;  // guarded by mu
+  bool opened = false;                                                           // guarded by mu
+  bool ended = false;                                                            // guarded by mu
+  std::deque<v1::TunnelFrame> queue;                                             // guarded by mu
+  static constexpr std::size_t kQueue = 4;
+
+  bool Write(const v1::TunnelFrame& frame) {
+    std::lock_guard<std::mutex> lock(mu);
+    return stream != nullptr && !ended && stream->Write(frame);
+  }
+};
+
 struct DevGateway::State {
   const DevPki* pki;
   proto::ProtocolRange range = proto::kProtocolVersion;
@@ -150,8 +169,12 @@ struct DevGateway::State {
   std::optional<pki::PublicKey> node_sig_key;  // guarded by mu
   std::set<std::string> workload_instances;    // guarded by mu
   pki::PrivateKey workload_issuer = *pki::PrivateKey::Generate();
-  std::set<std::string> renew_nonces;           // guarded by mu
-  std::set<std::string> revoked;                // node ids; guarded by mu
+  std::set<std::string> renew_nonces;                               // guarded by mu
+  std::set<std::string> revoked;                                    // node ids; guarded by mu
+  std::map<std::string, std::string> session_ids;                   // node -> sid; mu
+  std::map<std::string, std::shared_ptr<DevTunnel::Impl>> tunnels;  // by id; guarded by mu
+  int next_tunnel = 1;                                              // guarded by mu
+  pki::PrivateKey access_key = *pki::PrivateKey::Generate();
   std::map<std::string, uint64_t> generations;  // the newest generation issued; guarded by mu
   DevGatewayOptions options;
   mutable std::mutex mu;
@@ -425,6 +448,62 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
     return grpc::Status::OK;
   }
 
+  // The node's side of a tunnel: its first frame names the tunnel the gateway asked for; then
+  // this thread reads the node's frames into the operator's queue (4 at most: it waits when full).
+  grpc::Status Tunnel(grpc::ServerContext* context,
+                      grpc::ServerReaderWriter<v1::TunnelFrame, v1::TunnelFrame>* stream) override {
+    std::vector<grpc::string_ref> pems =
+        context->auth_context()->FindPropertyValues("x509_pem_cert");
+    absl::StatusOr<pki::Certificate> cert =
+        pems.empty() ? absl::StatusOr<pki::Certificate>(absl::UnauthenticatedError("none"))
+                     : pki::Certificate::FromPem(std::string(pems[0].data(), pems[0].size()));
+    absl::StatusOr<pki::NodeIdentity> identity =
+        cert.ok() ? pki::IdentityOf(*cert) : absl::StatusOr<pki::NodeIdentity>(cert.status());
+    if (!identity.ok()) {
+      return Refuse(context, grpc::StatusCode::UNAUTHENTICATED, "no-client-certificate",
+                    "Tunnel needs a node certificate");
+    }
+    v1::TunnelFrame first;
+    if (!stream->Read(&first) || !first.has_opened()) {
+      return Refuse(context, grpc::StatusCode::INVALID_ARGUMENT, "expected-opened",
+                    "the first frame must be opened");
+    }
+    std::shared_ptr<DevTunnel::Impl> tunnel;
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      auto it = state_->tunnels.find(first.opened().tunnel_id());
+      if (it == state_->tunnels.end() || it->second->node != identity->id.node()) {
+        return Refuse(context, grpc::StatusCode::NOT_FOUND, "unknown-tunnel",
+                      "no tunnel of this node has that id");
+      }
+      tunnel = it->second;
+    }
+    {
+      std::lock_guard<std::mutex> lock(tunnel->mu);
+      tunnel->context = context;
+      tunnel->stream = stream;
+      tunnel->opened = true;
+    }
+    tunnel->cv.notify_all();
+    v1::TunnelFrame frame;
+    while (stream->Read(&frame)) {
+      std::unique_lock<std::mutex> lock(tunnel->mu);
+      tunnel->cv.wait(lock, [&] {
+        return tunnel->queue.size() < DevTunnel::Impl::kQueue || tunnel->ended ||
+               context->IsCancelled();
+      });
+      if (tunnel->ended) break;
+      tunnel->queue.push_back(frame);
+      tunnel->cv.notify_all();
+    }
+    std::lock_guard<std::mutex> lock(tunnel->mu);
+    tunnel->ended = true;
+    tunnel->stream = nullptr;
+    tunnel->context = nullptr;
+    tunnel->cv.notify_all();
+    return grpc::Status::OK;
+  }
+
   // `revoked` for a revoked node, else the refusal the test asked for, if one is due.
   std::optional<Outcome> TakeRefusal(const std::string& node) {
     std::lock_guard<std::mutex> lock(state_->mu);
@@ -466,6 +545,7 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
                                                 std::to_string(state_->next_session++));
       welcome.mutable_welcome()->set_server_time(static_cast<uint64_t>(state_->Now()));
       state_->hellos[node] = first.hello();
+      state_->session_ids[node] = welcome.welcome().session_id();
       state_->received[node].clear();
       state_->open[node] = session;
       state_->session_nodes.push_back(node);
@@ -802,6 +882,15 @@ DevGateway::~DevGateway() {
   }
   state_->cv.notify_all();
   DropSessions();
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    for (auto& [id, tunnel] : state_->tunnels) {
+      std::lock_guard<std::mutex> tunnel_lock(tunnel->mu);
+      if (tunnel->context != nullptr) tunnel->context->TryCancel();
+      tunnel->ended = true;
+      tunnel->cv.notify_all();
+    }
+  }
   ws_listener_.reset();  // joins its connections' threads
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
 }
@@ -959,6 +1048,142 @@ void DevGateway::WithholdAcks(bool withhold) {
 int DevGateway::renewals() const {
   std::lock_guard<std::mutex> lock(state_->mu);
   return state_->renewals;
+}
+
+const std::string& DevTunnel::id() const { return impl_->id; }
+const std::string& DevTunnel::ticket() const { return impl_->ticket; }
+
+bool DevTunnel::WaitOpened(std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  return impl_->cv.wait_for(lock, timeout, [&] { return impl_->opened; });
+}
+
+bool DevTunnel::WaitEnded(std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  return impl_->cv.wait_for(lock, timeout, [&] { return impl_->ended; });
+}
+
+bool DevTunnel::Send(uint32_t channel, const std::string& bytes) {
+  v1::TunnelFrame frame;
+  frame.mutable_data()->set_channel(channel);
+  frame.mutable_data()->set_data(bytes);
+  return impl_->Write(frame);
+}
+
+bool DevTunnel::Resize(uint32_t rows, uint32_t cols) {
+  v1::TunnelFrame frame;
+  frame.mutable_resize()->set_rows(rows);
+  frame.mutable_resize()->set_cols(cols);
+  return impl_->Write(frame);
+}
+
+bool DevTunnel::Close() {
+  v1::TunnelFrame frame;
+  frame.mutable_closed()->set_reason("closed by the operator");
+  return impl_->Write(frame);
+}
+
+void DevTunnel::Cancel() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->context != nullptr) impl_->context->TryCancel();
+  impl_->ended = true;
+  impl_->cv.notify_all();
+}
+
+std::optional<v1::TunnelFrame> DevTunnel::Next(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  if (!impl_->cv.wait_for(lock, timeout, [&] { return !impl_->queue.empty() || impl_->ended; }) ||
+      impl_->queue.empty()) {
+    return std::nullopt;
+  }
+  v1::TunnelFrame frame = impl_->queue.front();
+  impl_->queue.pop_front();
+  impl_->cv.notify_all();
+  return frame;
+}
+
+DevTunnel::Outcome DevTunnel::Collect(std::chrono::milliseconds timeout) {
+  Outcome outcome;
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::optional<v1::TunnelFrame> frame =
+        Next(std::chrono::duration_cast<std::chrono::milliseconds>(
+            deadline - std::chrono::steady_clock::now()));
+    if (!frame) break;
+    if (frame->has_data()) {
+      (frame->data().channel() == 1 ? outcome.err : outcome.out) += frame->data().data();
+    } else if (frame->has_closed()) {
+      outcome.closed = true;
+      outcome.exit_code = frame->closed().exit_code();
+      outcome.reason = frame->closed().reason();
+      break;
+    }
+  }
+  return outcome;
+}
+
+std::string DevTunnel::ReadUntil(const std::string& text, std::chrono::milliseconds timeout) {
+  std::string out;
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (out.find(text) == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+    std::optional<v1::TunnelFrame> frame =
+        Next(std::chrono::duration_cast<std::chrono::milliseconds>(
+            deadline - std::chrono::steady_clock::now()));
+    if (!frame) break;
+    if (frame->has_data()) out += frame->data().data();
+  }
+  return out;
+}
+
+std::string DevGateway::TunnelJwks() const {
+  return pki::JwksOf(state_->access_key.Public(), "dev-access");
+}
+
+DevTunnel DevGateway::OpenTunnel(const std::string& node_id, const DevTunnelRequest& request) {
+  auto impl = std::make_shared<DevTunnel::Impl>();
+  impl->node = node_id;
+  std::string sid;
+  int64_t now;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    impl->id = "dev-tunnel-" + std::to_string(state_->next_tunnel++);
+    sid = state_->session_ids[node_id];
+    now = state_->Now();
+    state_->tunnels[impl->id] = impl;
+  }
+  if (!request.ticket.empty()) {
+    impl->ticket = request.ticket;
+  } else {
+    nlohmann::json claims = {
+        {"aud", request.aud.empty() ? "node:" + node_id : request.aud},
+        {"jti", request.jti.empty() ? pki::Base64UrlEncode(pki::RandomBytes(12)) : request.jti},
+        {"iat", now + request.clock_offset},
+        {"exp", now + request.clock_offset + 60},
+        {"sid", request.sid.empty() ? sid : request.sid},
+        {"tid", impl->id},
+        {"op", request.op}};
+    if (request.op == "exec") claims["cmd"] = request.cmd;
+    if (request.op == "tcp") {
+      claims["host"] = request.host;
+      claims["port"] = request.port;
+    }
+    if (request.op == "instance-tcp") {
+      claims["instance"] = request.instance;
+      claims["port"] = request.port;
+    }
+    if (request.op == "shell" && request.rows != 0) {
+      claims["rows"] = request.rows;
+      claims["cols"] = request.cols;
+    }
+    pki::PrivateKey other = *pki::PrivateKey::Generate();
+    impl->ticket =
+        *pki::SignJwt(claims.dump(), request.foreign_key ? other : state_->access_key, request.kid);
+  }
+  v1::ServerFrame frame;
+  frame.mutable_open_tunnel()->set_tunnel_id(impl->id);
+  frame.mutable_open_tunnel()->set_ticket(impl->ticket);
+  Push(node_id, frame);
+  return DevTunnel(impl);
 }
 
 void DevGateway::Revoke(const std::string& node_id) {

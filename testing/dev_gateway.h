@@ -6,8 +6,9 @@
 // possession, the timestamp (within 60 s) and the nonce (never seen before). Session reads the node
 // id from the client certificate only, answers Hello with Welcome, acks command updates and events
 // (or withholds acks), and lets tests push frames, refuse sessions and drop them. Secret and
-// workload-token requests go to a dev broker (below). Tunnel answers UNIMPLEMENTED until its work
-// lands.
+// workload-token requests go to a dev broker (below). Tunnels: the gateway signs a ticket with its
+// dev access key (TunnelJwks), sends OpenTunnel and hands the test the operator's side of the
+// node's Tunnel stream (DevTunnel). The same sessions and renewals are served over WebSocket.
 //
 // Thread-safe: tests call it from their own thread while gRPC threads serve.
 
@@ -53,6 +54,58 @@ struct DevGatewayOptions {
 // The config.toml lines that point a bcd at a dev gateway on 127.0.0.1:`port`: gateway_url,
 // gateway_server_name, the serving CA pin of `pki`, and `state_dir`. Callers append the rest.
 std::string DevConfigToml(int port, const DevPki& pki, const std::filesystem::path& state_dir);
+
+// The operator's side of one tunnel the dev gateway asked a node to open. Frames from the node
+// wait in a queue of 4 (the gateway does not buffer more), so an operator that stops reading makes
+// flow control reach the node.
+class DevTunnel {
+ public:
+  struct Impl;
+  explicit DevTunnel(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  const std::string& id() const;
+  const std::string& ticket() const;
+  // Whether the node opened the Tunnel stream (its first frame, `opened`, named this tunnel).
+  bool WaitOpened(std::chrono::milliseconds timeout) const;
+  bool Send(uint32_t channel, const std::string& bytes);
+  bool Resize(uint32_t rows, uint32_t cols);
+  // The next frame from the node; nullopt on timeout or when the stream ended.
+  std::optional<bettercompute::agent::v1::TunnelFrame> Next(std::chrono::milliseconds timeout);
+  // Reads until `closed` (or the timeout): stdout/stream and stderr bytes, and how it closed.
+  struct Outcome {
+    std::string out, err;
+    bool closed = false;
+    int exit_code = -1;
+    std::string reason;
+  };
+  Outcome Collect(std::chrono::milliseconds timeout);
+  // Reads until `out` holds `text` (or the timeout); what was read.
+  std::string ReadUntil(const std::string& text, std::chrono::milliseconds timeout);
+  // The operator closes: a `closed` frame to the node. Cancel drops the stream instead.
+  bool Close();
+  void Cancel();
+  // Whether the stream ended (the node finished it or it was cancelled).
+  bool WaitEnded(std::chrono::milliseconds timeout) const;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+// What a dev tunnel asks for, and how its ticket may go wrong for the tests of bcd's checks.
+struct DevTunnelRequest {
+  std::string op = "exec";  // shell, exec, tcp, instance-tcp
+  std::vector<std::string> cmd;
+  std::string host;
+  uint16_t port = 0;
+  std::string instance;
+  uint16_t rows = 0, cols = 0;
+  std::string aud;  // "" = node:<id>
+  std::string sid;  // "" = the node's session
+  std::string jti;  // "" = a fresh one
+  std::string kid = "dev-access";
+  int64_t clock_offset = 0;  // seconds added to iat and exp
+  bool foreign_key = false;  // signed by a key outside the JWKS (with the right kid)
+  std::string ticket;        // used as is when set (alg none, HS256, a replay ...)
+};
 
 class DevGateway {
  public:
@@ -132,6 +185,13 @@ class DevGateway {
   // Command updates and events are acknowledged as they arrive, unless withheld; resuming sends
   // one Ack covering what arrived meanwhile.
   void WithholdAcks(bool withhold);
+  // Tunnels. The JWKS of the dev access key: put it in a spec's access section so the node checks
+  // tickets against it.
+  std::string TunnelJwks() const;
+  // Signs a ticket for `request` and sends OpenTunnel to the node's session; the handle waits for
+  // the node's Tunnel stream.
+  DevTunnel OpenTunnel(const std::string& node_id, const DevTunnelRequest& request);
+
   // From now on `node_id`'s sessions and renewals are refused with `revoked`.
   void Revoke(const std::string& node_id);
   // Renewals granted so far (over both transports), and those over POST /v1/renew. A renewal

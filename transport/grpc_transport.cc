@@ -8,6 +8,32 @@ namespace {
 
 namespace v1 = bettercompute::agent::v1;
 
+class GrpcTunnelStream final : public TunnelStream {
+ public:
+  GrpcTunnelStream(std::shared_ptr<grpc::Channel> channel)
+      : channel_(std::move(channel)), stub_(v1::AgentGateway::NewStub(channel_)) {
+    stream_ = stub_->Tunnel(&context_);
+  }
+  bool Read(v1::TunnelFrame* frame) override { return stream_->Read(frame); }
+  bool Write(const v1::TunnelFrame& frame) override {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    return stream_->Write(frame);
+  }
+  void CloseSend() override {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    stream_->WritesDone();
+  }
+  void Cancel() override { context_.TryCancel(); }
+  Refusal Finish() override { return RefusalOf(stream_->Finish(), context_); }
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;  // the session's connection
+  std::unique_ptr<v1::AgentGateway::Stub> stub_;
+  grpc::ClientContext context_;
+  std::mutex write_mu_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::TunnelFrame, v1::TunnelFrame>> stream_;
+};
+
 class GrpcFrameStream final : public FrameStream {
  public:
   GrpcFrameStream(std::shared_ptr<grpc::Channel> channel, std::shared_ptr<VerificationLog> log)
@@ -27,6 +53,9 @@ class GrpcFrameStream final : public FrameStream {
     stream_->WritesDone();
   }
   void Cancel() override { context_.TryCancel(); }
+  absl::StatusOr<std::unique_ptr<TunnelStream>> OpenTunnel() override {
+    return std::unique_ptr<TunnelStream>(new GrpcTunnelStream(channel_));
+  }
   Refusal Finish() override {
     grpc::Status status = stream_->Finish();
     Refusal refusal = RefusalOf(status, context_);

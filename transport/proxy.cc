@@ -84,8 +84,12 @@ std::optional<std::pair<std::string, std::optional<uint16_t>>> HostPort(std::str
   return std::make_pair(Lower(host), port);
 }
 
-// An IP literal as bytes (4 or 16), or nullopt.
-std::optional<std::string> IpBytes(const std::string& text) {
+bool CidrMatches(std::string_view entry, const std::string& host) { return InCidr(entry, host); }
+
+}  // namespace
+
+std::optional<std::string> IpBytes(std::string_view text_in) {
+  std::string text(text_in);
   unsigned char buffer[16];
   if (inet_pton(AF_INET, text.c_str(), buffer) == 1)
     return std::string(reinterpret_cast<char*>(buffer), 4);
@@ -94,17 +98,19 @@ std::optional<std::string> IpBytes(const std::string& text) {
   return std::nullopt;
 }
 
-bool CidrMatches(std::string_view entry, const std::string& host) {
-  std::size_t slash = entry.find('/');
-  std::optional<std::string> network = IpBytes(std::string(entry.substr(0, slash)));
+bool InCidr(std::string_view block, std::string_view host) {
+  std::size_t slash = block.find('/');
+  std::optional<std::string> network = IpBytes(block.substr(0, slash));
   std::optional<std::string> address = IpBytes(host);
   if (!network || !address || network->size() != address->size()) return false;
-  unsigned bits = 0;
-  std::string_view prefix = entry.substr(slash + 1);
-  auto [end, ec] = std::from_chars(prefix.data(), prefix.data() + prefix.size(), bits);
-  if (prefix.empty() || ec != std::errc() || end != prefix.data() + prefix.size() ||
-      bits > network->size() * 8) {
-    return false;
+  unsigned bits = static_cast<unsigned>(network->size() * 8);
+  if (slash != std::string_view::npos) {
+    std::string_view prefix = block.substr(slash + 1);
+    auto [end, ec] = std::from_chars(prefix.data(), prefix.data() + prefix.size(), bits);
+    if (prefix.empty() || ec != std::errc() || end != prefix.data() + prefix.size() ||
+        bits > network->size() * 8) {
+      return false;
+    }
   }
   for (unsigned i = 0; i < bits; ++i) {
     unsigned char mask = static_cast<unsigned char>(0x80u >> (i % 8));
@@ -112,8 +118,6 @@ bool CidrMatches(std::string_view entry, const std::string& host) {
   }
   return true;
 }
-
-}  // namespace
 
 std::optional<uint16_t> ParsePort(std::string_view text) {
   unsigned value = 0;

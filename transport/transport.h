@@ -7,9 +7,22 @@
 
 #include "absl/status/statusor.h"
 #include "bettercompute/agent/v1/session.pb.h"
+#include "bettercompute/agent/v1/tunnel.pb.h"
 #include "transport/refusal.h"
 
 namespace bcd::transport {
+
+// One Tunnel stream (gRPC only): TunnelFrames both ways, on the session's connection. Read and
+// Write from two threads; Cancel from any.
+class TunnelStream {
+ public:
+  virtual ~TunnelStream() = default;
+  virtual bool Read(bettercompute::agent::v1::TunnelFrame* frame) = 0;
+  virtual bool Write(const bettercompute::agent::v1::TunnelFrame& frame) = 0;
+  virtual void CloseSend() = 0;
+  virtual void Cancel() = 0;
+  virtual Refusal Finish() = 0;
+};
 
 // One open session stream. Read and Write may be called from two different threads (one reader,
 // one writer); Cancel from any thread, and it makes a blocked Read return false.
@@ -24,6 +37,11 @@ class FrameStream {
   virtual void Cancel() = 0;
   // Why the stream ended; call after Read returned false. Code OK means a clean end.
   virtual Refusal Finish() = 0;
+  // A Tunnel stream on the same connection, for an OpenTunnel this session received.
+  // Unimplemented on a transport without tunnels (the WebSocket).
+  virtual absl::StatusOr<std::unique_ptr<TunnelStream>> OpenTunnel() {
+    return absl::UnimplementedError("tunnels need the gRPC transport");
+  }
 };
 
 class Transport {

@@ -1,0 +1,333 @@
+// Tunnels end to end: the dev gateway signs a ticket and asks; bcd checks it again, opens a Tunnel
+// stream on its gRPC connection and runs the op with real processes, a real PTY and real sockets.
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "daemon/join.h"
+#include "daemon/node.h"
+#include "gtest/gtest.h"
+#include "testing/dev_gateway.h"
+#include "tests/unit/fake_root.h"
+
+namespace bcd {
+namespace {
+
+namespace v1 = bettercompute::agent::v1;
+using bcd::testing::DevGateway;
+using bcd::testing::DevPki;
+using bcd::testing::DevTunnel;
+using bcd::testing::DevTunnelRequest;
+using bcd::testing::FakeRoot;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr auto kWait = seconds(20);
+constexpr auto kRefusalWait = milliseconds(300);
+
+int64_t Now() { return static_cast<int64_t>(std::time(nullptr)); }
+
+// A TCP echo server on loopback, one connection at a time; counts connections that ended.
+class EchoServer {
+ public:
+  EchoServer() {
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address);
+    socklen_t length = sizeof address;
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length);
+    port_ = ntohs(address.sin_port);
+    listen(fd_, 8);
+    thread_ = std::thread([this] {
+      while (true) {
+        int client = accept(fd_, nullptr, nullptr);
+        if (client < 0) return;
+        char buffer[4096];
+        ssize_t n;
+        while ((n = read(client, buffer, sizeof buffer)) > 0) {
+          if (write(client, buffer, static_cast<std::size_t>(n)) != n) break;
+        }
+        close(client);
+        ++ended_;
+      }
+    });
+  }
+  ~EchoServer() {
+    shutdown(fd_, SHUT_RDWR);
+    close(fd_);
+    thread_.join();
+  }
+  uint16_t port() const { return port_; }
+  int ended() const { return ended_.load(); }
+
+ private:
+  int fd_ = -1;
+  uint16_t port_ = 0;
+  std::atomic<int> ended_{0};
+  std::thread thread_;
+};
+
+class Tunnels : public ::testing::Test {
+ protected:
+  Tunnels() : pki_(*DevPki::Create(Now())) {
+    gateway_ = *DevGateway::Start(pki_, {});
+    Config config = *Config::Parse(gateway_->ConfigToml(dir_.path() / "state"), "test.toml");
+    JoinSpec spec{.evidence = gateway_->AddJoinToken("n-1"), .now = Now, .sleep = [](seconds) {}};
+    EXPECT_TRUE(JoinFleet(config, spec).ok());
+    daemon_ = *NodeDaemon::Create(config, proto::Mode::kNode,
+                                  {.now = Now, .uniform01 = [] { return 0.01; }, .log = &log_});
+    runner_ = std::thread([this] { (void)daemon_->Run(); });
+    EXPECT_TRUE(gateway_->WaitForWelcomes(1, kWait));
+    // The access section: the keys tickets are checked against.
+    v1::NodeSpec node_spec;
+    node_spec.set_node_id("n-1");
+    node_spec.set_generation(1);
+    node_spec.mutable_access()->set_tunnel_jwks(gateway_->TunnelJwks());
+    v1::ServerFrame frame;
+    *frame.mutable_desired_state() = pki_.SignSpec(node_spec);
+    EXPECT_TRUE(gateway_->Push("n-1", frame));
+    EXPECT_TRUE(Applied());
+  }
+  ~Tunnels() override {
+    daemon_->Stop();
+    runner_.join();
+    daemon_.reset();
+    gateway_.reset();
+  }
+
+  bool Applied() {
+    for (int i = 0; i < 200; ++i) {
+      for (const auto& f : gateway_->Received("n-1")) {
+        if (f.has_spec_ack() && f.spec_ack().state() == v1::SPEC_ACK_STATE_APPLIED) return true;
+      }
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    return false;
+  }
+
+  DevTunnel Exec(std::vector<std::string> cmd) {
+    return gateway_->OpenTunnel("n-1", {.op = "exec", .cmd = std::move(cmd)});
+  }
+
+  // The reasons of tunnel.refused events so far.
+  std::vector<std::string> Refusals() {
+    std::vector<std::string> reasons;
+    for (const auto& f : gateway_->Received("n-1")) {
+      if (f.has_event() && f.event().kind() == "tunnel.refused") {
+        reasons.push_back(f.event().message());
+      }
+    }
+    return reasons;
+  }
+
+  // A ticket that bcd refuses opens nothing and is reported with `reason`.
+  void ExpectRefused(const DevTunnelRequest& request, const std::string& reason) {
+    std::size_t before = Refusals().size();
+    DevTunnel tunnel = gateway_->OpenTunnel("n-1", request);
+    std::vector<std::string> refusals;
+    for (int i = 0; i < 500 && refusals.size() <= before; ++i) {
+      refusals = Refusals();
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    ASSERT_GT(refusals.size(), before) << reason;
+    // The refusal comes before anything would open; nothing does.
+    EXPECT_FALSE(tunnel.WaitOpened(kRefusalWait)) << reason;
+    EXPECT_NE(refusals.back().find(reason), std::string::npos) << refusals.back();
+    EXPECT_EQ(log_.Text().find(tunnel.ticket()), std::string::npos) << "a ticket was logged";
+  }
+
+  FakeRoot dir_;
+  DevPki pki_;
+  std::unique_ptr<DevGateway> gateway_;
+  std::ostringstream log_text_;
+  Logger log_{&log_text_, LogLevel::kInfo};
+  std::unique_ptr<NodeDaemon> daemon_;
+  std::thread runner_;
+};
+
+TEST_F(Tunnels, HelloAdvertisesTheTunnelOps) {
+  v1::Hello hello = *gateway_->LastHello("n-1");
+  std::vector<std::string> caps(hello.capabilities().begin(), hello.capabilities().end());
+  EXPECT_EQ(caps, (std::vector<std::string>{"tunnel.shell", "tunnel.exec", "tunnel.tcp",
+                                            "tunnel.instance-dial"}));
+}
+
+TEST_F(Tunnels, ExecSeparatesStdoutFromStderrAndReportsTheExitCode) {
+  DevTunnel tunnel = Exec({"sh", "-c", "echo out; echo err >&2; exit 3"});
+  ASSERT_TRUE(tunnel.WaitOpened(kWait));
+  DevTunnel::Outcome outcome = tunnel.Collect(kWait);
+  EXPECT_TRUE(outcome.closed);
+  EXPECT_EQ(outcome.out, "out\n");
+  EXPECT_EQ(outcome.err, "err\n");
+  EXPECT_EQ(outcome.exit_code, 3);
+  EXPECT_TRUE(tunnel.WaitEnded(kWait));
+}
+
+TEST_F(Tunnels, ExecTakesStdinAndAnEmptyFrameEndsIt) {
+  DevTunnel tunnel = Exec({"tr", "a-z", "A-Z"});
+  ASSERT_TRUE(tunnel.WaitOpened(kWait));
+  ASSERT_TRUE(tunnel.Send(0, "hello tunnel\n"));
+  ASSERT_TRUE(tunnel.Send(0, ""));  // EOF
+  DevTunnel::Outcome outcome = tunnel.Collect(kWait);
+  EXPECT_EQ(outcome.out, "HELLO TUNNEL\n");
+  EXPECT_EQ(outcome.exit_code, 0);
+}
+
+TEST_F(Tunnels, ExecOfAMissingProgramExits127) {
+  DevTunnel tunnel = Exec({"no-such-program-here"});
+  ASSERT_TRUE(tunnel.WaitOpened(kWait));
+  EXPECT_EQ(tunnel.Collect(kWait).exit_code, 127);
+}
+
+TEST_F(Tunnels, ShellRunsOnAPtyAndSeesResizes) {
+  DevTunnel tunnel = gateway_->OpenTunnel("n-1", {.op = "shell", .rows = 30, .cols = 100});
+  ASSERT_TRUE(tunnel.WaitOpened(kWait));
+  ASSERT_TRUE(tunnel.Send(0, "stty size; tty\n"));
+  std::string out = tunnel.ReadUntil("/dev/pts/", kWait);
+  EXPECT_NE(out.find("30 100"), std::string::npos) << out;
+  ASSERT_TRUE(tunnel.Resize(40, 120));
+  ASSERT_TRUE(tunnel.Send(0, "stty size\n"));
+  out = tunnel.ReadUntil("40 120", kWait);
+  EXPECT_NE(out.find("40 120"), std::string::npos) << out;
+  ASSERT_TRUE(tunnel.Send(0, "exit 7\n"));
+  DevTunnel::Outcome outcome = tunnel.Collect(kWait);
+  EXPECT_TRUE(outcome.closed);
+  EXPECT_EQ(outcome.exit_code, 7);
+}
+
+TEST_F(Tunnels, TcpReachesAnAllowedPortAndClosingEndsTheConnection) {
+  EchoServer echo;
+  DevTunnel tunnel =
+      gateway_->OpenTunnel("n-1", {.op = "tcp", .host = "127.0.0.1", .port = echo.port()});
+  ASSERT_TRUE(tunnel.WaitOpened(kWait));
+  ASSERT_TRUE(tunnel.Send(0, "ping over the tunnel"));
+  EXPECT_EQ(tunnel.ReadUntil("ping over the tunnel", kWait), "ping over the tunnel");
+  ASSERT_TRUE(tunnel.Close());
+  DevTunnel::Outcome outcome = tunnel.Collect(kWait);
+  EXPECT_TRUE(outcome.closed);
+  for (int i = 0; i < 100 && echo.ended() == 0; ++i) std::this_thread::sleep_for(milliseconds(20));
+  EXPECT_EQ(echo.ended(), 1);
+  EXPECT_TRUE(tunnel.WaitEnded(kWait));
+}
+
+TEST_F(Tunnels, TcpToAHostTheAllowListDoesNotNameIsClosedWithTheReason) {
+  DevTunnel tunnel = gateway_->OpenTunnel("n-1", {.op = "tcp", .host = "192.0.2.1", .port = 22});
+  ASSERT_TRUE(tunnel.WaitOpened(kWait));
+  DevTunnel::Outcome outcome = tunnel.Collect(kWait);
+  EXPECT_TRUE(outcome.closed);
+  EXPECT_NE(outcome.reason.find("192.0.2.1:22 (192.0.2.1) is not allowed by [tunnels] allow"),
+            std::string::npos)
+      << outcome.reason;
+}
+
+TEST_F(Tunnels, RefusedTicketsOpenNothing) {
+  ExpectRefused({.op = "exec", .cmd = {"true"}, .aud = "node:n-2"}, "aud");
+  ExpectRefused({.op = "exec", .cmd = {"true"}, .clock_offset = -600}, "exp");
+  ExpectRefused({.op = "exec", .cmd = {"true"}, .sid = "another-session"}, "sid");
+  ExpectRefused({.op = "exec", .cmd = {"true"}, .kid = "unknown-kid"}, "kid");
+  ExpectRefused({.op = "exec", .cmd = {"true"}, .foreign_key = true}, "signature");
+  // alg none and HS256: a JWS header bcd must not accept whatever the rest says.
+  ExpectRefused({.ticket = "eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.eyJhdWQiOiJub2RlOm4tMSJ9."}, "alg");
+  ExpectRefused(
+      {.ticket = "eyJhbGciOiJIUzI1NiIsImtpZCI6ImRldi1hY2Nlc3MifQ.eyJhdWQiOiJub2RlOm4tMSJ9."
+                 "c2lnbmF0dXJl"},
+      "alg");
+  // A jti used once cannot open a second tunnel.
+  DevTunnel first = gateway_->OpenTunnel("n-1", {.op = "exec", .cmd = {"true"}, .jti = "once"});
+  ASSERT_TRUE(first.WaitOpened(kWait));
+  first.Collect(kWait);
+  ExpectRefused({.op = "exec", .cmd = {"true"}, .jti = "once"}, "jti was used before");
+}
+
+TEST_F(Tunnels, TheSeventeenthIsRefusedAndClosingOneMakesRoom) {
+  std::vector<DevTunnel> open;
+  for (int i = 0; i < 16; ++i) {
+    open.push_back(Exec({"sleep", "60"}));
+    ASSERT_TRUE(open.back().WaitOpened(kWait)) << i;
+  }
+  EXPECT_EQ(daemon_->tunnels_open(), 16);
+  ExpectRefused({.op = "exec", .cmd = {"true"}}, "16 tunnels are open");
+  open.front().Cancel();
+  for (int i = 0; i < 200 && daemon_->tunnels_open() > 15; ++i) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  DevTunnel next = Exec({"echo", "room"});
+  ASSERT_TRUE(next.WaitOpened(kWait));
+  EXPECT_EQ(next.Collect(kWait).out, "room\n");
+}
+
+TEST_F(Tunnels, ClosingMidTransferKillsTheProcessGroup) {
+  DevTunnel tunnel = Exec({"sh", "-c", "sleep 300 & echo $!; echo $$; cat /dev/zero"});
+  ASSERT_TRUE(tunnel.WaitOpened(kWait));
+  std::string out = tunnel.ReadUntil("\n", kWait);
+  std::istringstream pids(out);
+  pid_t child = 0, shell = 0;
+  pids >> child >> shell;
+  ASSERT_GT(child, 0) << out;
+  tunnel.Cancel();
+  // Gone, or a zombie waiting for whoever reaps orphans here (killed all the same).
+  auto dead = [](pid_t pid) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    std::size_t paren = text.rfind(')');
+    return text.empty() || (paren != std::string::npos && text.substr(paren + 2, 1) == "Z");
+  };
+  bool gone = false;
+  for (int i = 0; i < 250 && !gone; ++i) {
+    gone = dead(child) && dead(shell);
+    if (!gone) std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_TRUE(gone) << "the tunnel's processes outlived it";
+  for (int i = 0; i < 250 && daemon_->tunnels_open() > 0; ++i) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_EQ(daemon_->tunnels_open(), 0);
+}
+
+TEST_F(Tunnels, AReaderThatStopsReadingStopsTheWriter) {
+  // The writer counts 64 KiB blocks in a file; nobody reads the tunnel for a while.
+  std::string counter = (dir_.path() / "blocks").string();
+  DevTunnel tunnel = Exec(
+      {"sh", "-c",
+       "i=0; while :; do head -c 65536 /dev/zero; i=$((i+1)); echo $i > " + counter + "; done"});
+  ASSERT_TRUE(tunnel.WaitOpened(kWait));
+  auto blocks = [&] {
+    std::ifstream in(counter);
+    long n = 0;
+    in >> n;
+    return n;
+  };
+  std::this_thread::sleep_for(seconds(2));
+  long stalled = blocks();
+  std::this_thread::sleep_for(milliseconds(500));
+  EXPECT_EQ(blocks(), stalled) << "the writer kept going with no reader";
+  // Bounded by the pipe, bcd's buffer, gRPC's windows and the gateway's queue of 4: a few MiB.
+  EXPECT_LT(stalled * 64, 32 * 1024) << stalled << " blocks of 64 KiB buffered somewhere";
+  // Reading again lets it go on.
+  for (int i = 0; i < 200; ++i) tunnel.Next(milliseconds(100));
+  EXPECT_GT(blocks(), stalled);
+  tunnel.Cancel();
+}
+
+TEST_F(Tunnels, TunnelsEndWithTheirSession) {
+  DevTunnel tunnel = Exec({"sleep", "60"});
+  ASSERT_TRUE(tunnel.WaitOpened(kWait));
+  EXPECT_EQ(daemon_->tunnels_open(), 1);
+  gateway_->DropSessions();
+  for (int i = 0; i < 250 && daemon_->tunnels_open() > 0; ++i) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_EQ(daemon_->tunnels_open(), 0);
+}
+
+}  // namespace
+}  // namespace bcd
