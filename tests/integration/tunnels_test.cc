@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "daemon/desired.h"
 #include "daemon/join.h"
 #include "daemon/node.h"
 #include "gtest/gtest.h"
@@ -227,6 +228,33 @@ TEST_F(Tunnels, TcpToAHostTheAllowListDoesNotNameIsClosedWithTheReason) {
   EXPECT_NE(outcome.reason.find("192.0.2.1:22 (192.0.2.1) is not allowed by [tunnels] allow"),
             std::string::npos)
       << outcome.reason;
+}
+
+TEST_F(Tunnels, InstanceTcpReachesAnInstanceOfTheVpsSection) {
+  EchoServer echo;
+  v1::NodeSpec node_spec;
+  node_spec.set_node_id("n-1");
+  node_spec.set_generation(2);
+  node_spec.mutable_access()->set_tunnel_jwks(gateway_->TunnelJwks());
+  v1::VpsInstance* instance = node_spec.mutable_vps()->add_instances();
+  instance->set_instance_id("vm-1");
+  instance->set_address("127.0.0.1");
+  v1::ServerFrame frame;
+  *frame.mutable_desired_state() = pki_.SignSpec(node_spec);
+  ASSERT_TRUE(gateway_->Push("n-1", frame));
+  for (int i = 0; i < 250 && daemon_->desired().applied_generation() < 2; ++i) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  DevTunnel tunnel =
+      gateway_->OpenTunnel("n-1", {.op = "instance-tcp", .port = echo.port(), .instance = "vm-1"});
+  ASSERT_TRUE(tunnel.WaitOpened(kWait));
+  ASSERT_TRUE(tunnel.Send(0, "to the instance"));
+  EXPECT_EQ(tunnel.ReadUntil("to the instance", kWait), "to the instance");
+  tunnel.Cancel();
+  DevTunnel unknown =
+      gateway_->OpenTunnel("n-1", {.op = "instance-tcp", .port = echo.port(), .instance = "vm-9"});
+  ASSERT_TRUE(unknown.WaitOpened(kWait));
+  EXPECT_NE(unknown.Collect(kWait).reason.find("no instance \"vm-9\""), std::string::npos);
 }
 
 TEST_F(Tunnels, RefusedTicketsOpenNothing) {

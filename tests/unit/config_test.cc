@@ -315,5 +315,50 @@ TEST(ConfigLoad, ReadsADirectoryAsAnError) {
   EXPECT_EQ(ToStd(config.status().message()), "/: cannot read the config file: Is a directory");
 }
 
+TEST(Config, TunnelsUserAndAllowList) {
+  absl::StatusOr<Config> config =
+      Config::Parse(Valid() +
+                        "[tunnels]\nuser = \"ops\"\n"
+                        "allow = [\"10.0.0.0/8:22\", \"[fd00::/8]:*\", \"DB.internal:5432\"]\n",
+                    "c.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->tunnel_user(), "ops");
+  const auto& allow = config->tunnel_allow();
+  ASSERT_EQ(allow.size(), 3u);
+  EXPECT_TRUE(allow[0].Allows("10.1.2.3", "10.1.2.3", 22));
+  EXPECT_FALSE(allow[0].Allows("10.1.2.3", "10.1.2.3", 23));
+  EXPECT_FALSE(allow[0].Allows("11.0.0.1", "11.0.0.1", 22));
+  EXPECT_TRUE(allow[1].Allows("fd00::5", "fd00::5", 9000));
+  EXPECT_TRUE(allow[2].Allows("db.INTERNAL", "10.9.9.9", 5432));
+  EXPECT_FALSE(allow[2].Allows("db.internal.evil", "10.9.9.9", 5432));
+}
+
+TEST(Config, TunnelsAllowLoopbackByDefault) {
+  Config config = *Config::Parse(Valid(), "c.toml");
+  EXPECT_TRUE(config.tunnel_user().empty());
+  bool loopback = false, elsewhere = false;
+  for (const auto& rule : config.tunnel_allow()) {
+    loopback |= rule.Allows("127.0.0.1", "127.0.0.1", 8080);
+    elsewhere |= rule.Allows("192.0.2.1", "192.0.2.1", 22);
+  }
+  EXPECT_TRUE(loopback);
+  EXPECT_FALSE(elsewhere);
+}
+
+TEST(ConfigErrors, TunnelsUserAndAllowList) {
+  EXPECT_EQ(ErrorOf(Valid() + "[tunnels]\nuser = \"-rf\"\n"),
+            "c.toml:4: tunnels.user: expected a user name, got \"-rf\"");
+  EXPECT_EQ(ErrorOf(Valid() + "[tunnels]\nallow = \"127.0.0.1:22\"\n"),
+            "c.toml:4: tunnels.allow: expected an array of \"HOST:PORT\" strings, got string");
+  EXPECT_EQ(ErrorOf(Valid() + "[tunnels]\nallow = [\"127.0.0.1\"]\n"),
+            "c.toml:4: tunnels.allow[0]: expected HOST:PORT (PORT a number or *), got "
+            "\"127.0.0.1\"");
+  EXPECT_EQ(ErrorOf(Valid() + "[tunnels]\nallow = [\"10.0.0.0/40:22\"]\n"),
+            "c.toml:4: tunnels.allow[0]: \"10.0.0.0/40:22\": a bad CIDR block");
+  EXPECT_EQ(ErrorOf(Valid() + "[tunnels]\nallow = [\"a b:22\"]\n"),
+            "c.toml:4: tunnels.allow[0]: \"a b:22\": HOST must be an IP, a CIDR block or a host "
+            "name");
+}
+
 }  // namespace
 }  // namespace bcd
