@@ -16,6 +16,7 @@ BCD_PACKAGES=(
   libssl-dev libboost-dev zlib1g-dev libtomlplusplus-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev openssl
   tinyproxy  # a real HTTP CONNECT proxy for the WebSocket transport's tests
+  openssh-server openssh-client  # ssh -L beside the tunnel benchmark
 )
 
 log() { printf '\n==> %s\n' "$*" >&2; }

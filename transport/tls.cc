@@ -12,6 +12,7 @@
 #include "fmt/format.h"
 #include "grpc/support/log.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_certificate_verifier.h"
@@ -169,6 +170,15 @@ std::shared_ptr<grpc::Channel> MakeChannel(const ChannelSpec& spec) {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(spec.keepalive_timeout.count()));
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // Bounded memory: the transport's buffers (receive windows grown by bandwidth-delay probing,
+  // most of all) live within this quota, so tunnels whose local ends read slowly cannot make bcd
+  // hold more; under pressure gRPC shrinks the windows and flow control pushes back.
+  static grpc::ResourceQuota* quota = [] {
+    auto* q = new grpc::ResourceQuota("bcd-transport");
+    q->Resize(32 << 20);
+    return q;
+  }();
+  args.SetResourceQuota(*quota);
   // The session engine owns reconnection and its backoff.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 1000);
   return grpc::CreateCustomChannel(spec.target, grpc::experimental::TlsCredentials(options), args);
