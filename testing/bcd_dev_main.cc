@@ -5,6 +5,9 @@
 //   bcd-dev spec JSON [--dir DIR]
 //   bcd-dev secret REF VALUE (--step WORKFLOW/STEP | --allocation ID | --host SECTION/FIELD)
 //                 [--dir DIR]
+//   bcd-dev exec [--dir DIR] -- CMD [ARG...]
+//   bcd-dev shell [--dir DIR]
+//   bcd-dev forward [--dir DIR] LOCAL_PORT:[HOST:]PORT
 //
 // `up` starts the dev gateway on loopback with a fresh dev PKI, joins a `bcd node` to it with a
 // one-time token, hands it the dev approver set, runs the node in the foreground (its log lines on
@@ -13,11 +16,21 @@
 // payload (approved by the dev approvers when the kind needs a quorum), sends it to the node and
 // prints its updates and result; `spec` signs and sends desired state and prints the SpecAck.
 // `secret` puts a secret in the dev broker, bound as given. All three find the running stack
-// through DIR/dev.sock; DIR defaults to the last `up`'s. With --websocket the node joins over gRPC
-// and then runs over the gateway's WebSocket listener (signed intent only, renewals over HTTPS).
+// through DIR/dev.sock; DIR defaults to the last `up`'s. `exec`, `shell` and `forward` are the
+// operator's side of a tunnel through the gateway: exec runs CMD on the node (stdin forwarded,
+// stdout and stderr apart, its exit code ours), shell is an interactive login shell on a PTY
+// (resizes follow the terminal), forward listens on 127.0.0.1:LOCAL_PORT and carries each
+// connection to HOST:PORT as the node sees it (HOST defaults to 127.0.0.1). With --websocket the
+// node joins over gRPC and then runs over the gateway's WebSocket listener (signed intent only,
+// renewals over HTTPS).
 
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -48,7 +61,10 @@ int Usage() {
                "       bcd-dev run KIND [JSON] [--dir DIR]\n"
                "       bcd-dev spec JSON [--dir DIR]\n"
                "       bcd-dev secret REF VALUE (--step WORKFLOW/STEP | --allocation ID |\n"
-               "                                 --host SECTION/FIELD) [--dir DIR]\n");
+               "                                 --host SECTION/FIELD) [--dir DIR]\n"
+               "       bcd-dev exec [--dir DIR] -- CMD [ARG...]\n"
+               "       bcd-dev shell [--dir DIR]\n"
+               "       bcd-dev forward [--dir DIR] LOCAL_PORT:[HOST:]PORT\n");
   return 2;
 }
 
@@ -129,12 +145,170 @@ int Ask(const std::vector<std::string>& args) {
   return good ? 0 : 1;
 }
 
+std::string StackDir(std::string dir) {
+  if (dir.empty()) {
+    std::ifstream current(CurrentFile());
+    std::getline(current, dir);
+  }
+  return dir;
+}
+
+volatile sig_atomic_t resized = 0;
+
+// Relays one tunnel: `in` to channel 0 (EOF ends input), channel 0 to `out`, channel 1 to `err`.
+// The exit code, or -1 when the tunnel did not open or broke.
+int Relay(int fd, int in, int out, int err, bool tty) {
+  char type = 0;
+  std::string payload;
+  if (!bcd::testing::ReadTunnelMessage(fd, &type, &payload) || type != 'O') {
+    std::fprintf(stderr, "bcd-dev: %s\n", type == 'F' ? payload.c_str() : "no answer");
+    return -1;
+  }
+  std::vector<char> buffer(32 * 1024);
+  bool input = in >= 0;
+  while (true) {
+    if (tty && resized) {
+      resized = 0;
+      winsize size{};
+      if (ioctl(in, TIOCGWINSZ, &size) == 0) {
+        bcd::testing::WriteTunnelMessage(
+            fd, 'r', std::to_string(size.ws_row) + " " + std::to_string(size.ws_col));
+      }
+    }
+    pollfd polls[2] = {{fd, POLLIN, 0}, {input ? in : -1, POLLIN, 0}};
+    if (poll(polls, 2, -1) < 0) continue;  // EINTR: a resize
+    if (polls[0].revents != 0) {
+      if (!bcd::testing::ReadTunnelMessage(fd, &type, &payload)) return -1;
+      int to = type == 'D' ? out : type == 'E' ? err : -1;
+      if (to >= 0) {
+        for (std::size_t done = 0; done < payload.size();) {
+          ssize_t n = write(to, payload.data() + done, payload.size() - done);
+          if (n <= 0) break;
+          done += static_cast<std::size_t>(n);
+        }
+      } else if (type == 'C') {
+        nlohmann::json closed = nlohmann::json::parse(payload, nullptr, false);
+        if (!closed.is_object()) return -1;
+        std::string reason = closed.value("reason", "");
+        if (!reason.empty()) std::fprintf(stderr, "bcd-dev: tunnel closed: %s\n", reason.c_str());
+        return closed.value("exit_code", -1);
+      }
+    }
+    if (input && polls[1].revents != 0) {
+      ssize_t n = read(in, buffer.data(), buffer.size());
+      if (n > 0) {
+        bcd::testing::WriteTunnelMessage(fd, 'd', std::string_view(buffer.data(), n));
+      } else {
+        input = false;
+        bcd::testing::WriteTunnelMessage(fd, 'e', "");
+      }
+    }
+  }
+}
+
+// bcd-dev exec / shell / forward.
+int TunnelCommand(const std::vector<std::string>& args) {
+  std::string dir;
+  std::vector<std::string> rest;
+  std::size_t i = 1;
+  for (; i < args.size(); ++i) {
+    if (args[i] == "--dir" && i + 1 < args.size()) {
+      dir = args[++i];
+    } else if (args[i] == "--") {
+      ++i;
+      break;
+    } else {
+      rest.push_back(args[i]);
+    }
+  }
+  for (; i < args.size(); ++i) rest.push_back(args[i]);
+  dir = StackDir(dir);
+  std::filesystem::path socket = std::filesystem::path(dir) / "dev.sock";
+  auto open = [&](const nlohmann::json& request) -> int {
+    absl::StatusOr<int> fd = bcd::testing::ConnectDevControl(socket);
+    if (!fd.ok()) {
+      std::fprintf(stderr, "bcd-dev: %s\n", std::string(fd.status().message()).c_str());
+      return -1;
+    }
+    bcd::testing::WriteTunnelMessage(*fd, 'o', request.dump());
+    return *fd;
+  };
+  if (args[0] == "exec") {
+    if (rest.empty()) return Usage();
+    int fd = open({{"op", "exec"}, {"cmd", rest}});
+    if (fd < 0) return 1;
+    int code = Relay(fd, 0, 1, 2, false);
+    std::fflush(stdout);
+    _exit(code < 0 ? 1 : code);  // stdin may still be blocked in a read
+  }
+  if (args[0] == "shell") {
+    winsize size{24, 80, 0, 0};
+    bool tty = isatty(0) == 1;
+    if (tty) ioctl(0, TIOCGWINSZ, &size);
+    int fd = open({{"op", "shell"}, {"rows", size.ws_row}, {"cols", size.ws_col}});
+    if (fd < 0) return 1;
+    termios saved{};
+    if (tty) {
+      tcgetattr(0, &saved);
+      termios raw = saved;
+      cfmakeraw(&raw);
+      tcsetattr(0, TCSANOW, &raw);
+      struct sigaction action {};
+      action.sa_handler = [](int) { resized = 1; };
+      sigaction(SIGWINCH, &action, nullptr);
+    }
+    int code = Relay(fd, 0, 1, 1, tty);
+    if (tty) tcsetattr(0, TCSANOW, &saved);
+    return code < 0 ? 1 : code;
+  }
+  // forward LOCAL_PORT:[HOST:]PORT
+  if (rest.size() != 1) return Usage();
+  std::string spec = rest[0];
+  std::size_t colon = spec.find(':'), last = spec.rfind(':');
+  if (colon == std::string::npos) return Usage();
+  int local = std::atoi(spec.substr(0, colon).c_str());
+  std::string host = colon == last ? "127.0.0.1" : spec.substr(colon + 1, last - colon - 1);
+  int port = std::atoi(spec.substr(last + 1).c_str());
+  if (local <= 0 || local > 65535 || port <= 0 || port > 65535) return Usage();
+  int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(local));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      listen(listener, 16) != 0) {
+    return std::fprintf(stderr, "bcd-dev: cannot listen on 127.0.0.1:%d: %s\n", local,
+                        std::strerror(errno)),
+           1;
+  }
+  std::printf("forwarding 127.0.0.1:%d to %s:%d on the node (Ctrl-C stops)\n", local, host.c_str(),
+              port);
+  std::fflush(stdout);
+  signal(SIGPIPE, SIG_IGN);
+  while (true) {
+    int client = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+    if (client < 0) continue;
+    std::thread([=] {
+      int fd = open({{"op", "tcp"}, {"host", host}, {"port", port}});
+      if (fd >= 0) {
+        Relay(fd, client, client, -1, false);
+        close(fd);
+      }
+      close(client);
+    }).detach();
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (!args.empty() && (args[0] == "run" || args[0] == "spec" || args[0] == "secret"))
     return Ask(args);
+  if (!args.empty() && (args[0] == "exec" || args[0] == "shell" || args[0] == "forward"))
+    return TunnelCommand(args);
   if (args.empty() || args[0] != "up") return Usage();
   std::string dir, protocol = "1..1", bcd = BCD_DEFAULT_BINARY;
   int seconds = 0;
@@ -227,6 +401,8 @@ int main(int argc, char** argv) {
       trusted = (*gateway)->Push("dev-node-1", frame);
       if (trusted) {
         std::printf("gateway: sent trust bundle 2 with the dev approver set (2 of 3)\n");
+        // The access section with the dev tunnel keys, so bcd-dev exec/shell/forward work.
+        (void)control.ApplySpec("dev-node-1", "{}", std::chrono::seconds(10));
         std::printf("\nready: bcd-dev run inventory.refresh   (in another shell)\n\n");
       }
     }

@@ -61,6 +61,12 @@ DevControlPlane::DevControlPlane(const DevPki* pki, DevGateway* gateway)
 DevControlPlane::~DevControlPlane() {
   stopping_ = true;
   if (thread_.joinable()) thread_.join();
+  std::vector<std::thread> tunnels;
+  {
+    std::lock_guard<std::mutex> lock(tunnels_mu_);
+    tunnels.swap(tunnel_threads_);
+  }
+  for (std::thread& t : tunnels) t.join();
   if (listen_fd_ >= 0) close(listen_fd_);
 }
 
@@ -140,6 +146,8 @@ absl::StatusOr<std::string> DevControlPlane::ApplySpec(const std::string& node,
     return absl::InvalidArgumentError(fmt::format("spec: {}", std::string(s.message())));
   }
   if (spec.node_id().empty()) spec.set_node_id(node);
+  // The dev control plane's tunnel keys ride along unless the spec sets its own.
+  if (!spec.has_access()) spec.mutable_access()->set_tunnel_jwks(gateway_->TunnelJwks());
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (spec.generation() == 0) spec.set_generation(next_generation_);
@@ -212,6 +220,12 @@ void DevControlPlane::Loop(std::string node) {
     if (poll(&pfd, 1, 100) <= 0) continue;
     int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
+    char first = 0;
+    if (recv(fd, &first, 1, MSG_PEEK) == 1 && first == 'o') {
+      std::lock_guard<std::mutex> lock(tunnels_mu_);
+      tunnel_threads_.emplace_back([this, fd, node] { ServeTunnel(fd, node); });
+      continue;
+    }
     std::string request;
     char buffer[4096];
     ssize_t n;
@@ -227,6 +241,123 @@ void DevControlPlane::Loop(std::string node) {
     }
     close(fd);
   }
+}
+
+void DevControlPlane::ServeTunnel(int fd, const std::string& node) {
+  char type = 0;
+  std::string payload;
+  nlohmann::json request;
+  if (!ReadTunnelMessage(fd, &type, &payload) || type != 'o' ||
+      !(request = nlohmann::json::parse(payload, nullptr, false)).is_object()) {
+    close(fd);
+    return;
+  }
+  DevTunnelRequest ask;
+  ask.op = request.value("op", "exec");
+  if (request.contains("cmd") && request["cmd"].is_array()) {
+    for (const auto& arg : request["cmd"]) {
+      if (arg.is_string()) ask.cmd.push_back(arg.get<std::string>());
+    }
+  }
+  ask.host = request.value("host", "");
+  ask.port = request.value("port", uint16_t{0});
+  ask.rows = request.value("rows", uint16_t{0});
+  ask.cols = request.value("cols", uint16_t{0});
+  DevTunnel tunnel = gateway_->OpenTunnel(node, ask);
+  if (!tunnel.WaitOpened(std::chrono::seconds(10))) {
+    WriteTunnelMessage(fd, 'F',
+                       "the node did not open the tunnel within 10 s (its tunnel.refused event "
+                       "says why)");
+    close(fd);
+    return;
+  }
+  WriteTunnelMessage(fd, 'O', tunnel.id());
+  std::thread from_operator([&tunnel, fd] {
+    char type = 0;
+    std::string payload;
+    while (ReadTunnelMessage(fd, &type, &payload)) {
+      if (type == 'd') {
+        tunnel.Send(0, payload);
+      } else if (type == 'e') {
+        tunnel.Send(0, "");
+      } else if (type == 'r') {
+        unsigned rows = 0, cols = 0;
+        if (std::sscanf(payload.c_str(), "%u %u", &rows, &cols) == 2) tunnel.Resize(rows, cols);
+      } else if (type == 'x') {
+        break;
+      }
+    }
+    tunnel.Close();  // the operator went away or asked to close
+  });
+  nlohmann::json closed = {{"exit_code", -1}, {"reason", "the tunnel stream ended"}};
+  while (!stopping_) {
+    std::optional<bettercompute::agent::v1::TunnelFrame> frame =
+        tunnel.Next(std::chrono::milliseconds(200));
+    if (!frame) {
+      if (tunnel.WaitEnded(std::chrono::milliseconds(0))) break;
+      continue;
+    }
+    if (frame->has_data()) {
+      if (!WriteTunnelMessage(fd, frame->data().channel() == 1 ? 'E' : 'D', frame->data().data()))
+        break;
+    } else if (frame->has_closed()) {
+      closed = {{"exit_code", frame->closed().exit_code()}, {"reason", frame->closed().reason()}};
+      break;
+    }
+  }
+  WriteTunnelMessage(fd, 'C', closed.dump());
+  shutdown(fd, SHUT_RDWR);
+  from_operator.join();
+  tunnel.Cancel();
+  close(fd);
+}
+
+absl::StatusOr<int> ConnectDevControl(const std::filesystem::path& socket_path) {
+  absl::StatusOr<sockaddr_un> addr = UnixAddress(socket_path);
+  if (!addr.ok()) return addr.status();
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&*addr), sizeof *addr) != 0) {
+    close(fd);
+    return absl::UnavailableError(
+        fmt::format("{}: {} (is bcd-dev up running?)", socket_path.string(), std::strerror(errno)));
+  }
+  return fd;
+}
+
+bool WriteTunnelMessage(int fd, char type, std::string_view payload) {
+  std::string message(5, '\0');
+  message[0] = type;
+  uint32_t length = static_cast<uint32_t>(payload.size());
+  for (int i = 0; i < 4; ++i) message[1 + i] = static_cast<char>(length >> (24 - 8 * i));
+  message.append(payload);
+  for (std::size_t done = 0; done < message.size();) {
+    ssize_t n = send(fd, message.data() + done, message.size() - done, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+bool ReadTunnelMessage(int fd, char* type, std::string* payload) {
+  auto read_exactly = [fd](char* out, std::size_t size) {
+    while (size > 0) {
+      ssize_t n = read(fd, out, size);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      out += n;
+      size -= static_cast<std::size_t>(n);
+    }
+    return true;
+  };
+  unsigned char header[5];
+  if (!read_exactly(reinterpret_cast<char*>(header), 5)) return false;
+  uint32_t length = (uint32_t{header[1]} << 24) | (uint32_t{header[2]} << 16) |
+                    (uint32_t{header[3]} << 8) | header[4];
+  if (length > (1u << 20)) return false;
+  *type = static_cast<char>(header[0]);
+  payload->resize(length);
+  return read_exactly(payload->data(), length);
 }
 
 absl::StatusOr<std::string> AskDevControl(const std::filesystem::path& socket_path,

@@ -40,7 +40,8 @@ class DevControlPlane {
                                   const std::string& payload_json,
                                   std::chrono::milliseconds timeout);
   // Signs `spec_json` (a NodeSpec; node_id and generation default to the node and the next
-  // generation) and pushes it; answers with the SpecAck as JSON.
+  // generation; an absent access section becomes the dev tunnel keys) and pushes it; answers with
+  // the SpecAck as JSON.
   absl::StatusOr<std::string> ApplySpec(const std::string& node, const std::string& spec_json,
                                         std::chrono::milliseconds timeout);
 
@@ -50,9 +51,14 @@ class DevControlPlane {
   // secret in the dev broker); the answer is {"ok": true, "answer": {...}} or
   // {"ok": false, "error": "..."}.
   absl::Status Serve(const std::filesystem::path& socket, const std::string& node);
+  // A connection whose first message is a tunnel request ('o', below) becomes an operator's
+  // tunnel instead, served on its own thread until either side closes.
 
  private:
   void Loop(std::string node);
+  void ServeTunnel(int fd, const std::string& node);
+  std::mutex tunnels_mu_;
+  std::vector<std::thread> tunnel_threads_;  // guarded by tunnels_mu_
   std::string Handle(const std::string& request, const std::string& node);
 
   const DevPki* pki_;
@@ -72,5 +78,15 @@ std::string ProtoJson(const google::protobuf::Message& message);
 // Sends one request to the socket of a running `bcd-dev up` and returns its answer.
 absl::StatusOr<std::string> AskDevControl(const std::filesystem::path& socket,
                                           const std::string& request);
+
+// Tunnels through dev.sock (bcd-dev exec, shell, forward). Messages both ways: a type byte, a
+// 4-byte big-endian length, the payload (at most 1 MiB).
+//   to the stack:   'o' the request as JSON {"op", "cmd", "host", "port", "rows", "cols"} (first),
+//                   'd' bytes for channel 0, 'e' end of input, 'r' "ROWS COLS", 'x' close
+//   from the stack: 'O' opened, 'F' why it did not open, 'D' channel 0, 'E' channel 1 (stderr),
+//                   'C' {"exit_code", "reason"} (last)
+absl::StatusOr<int> ConnectDevControl(const std::filesystem::path& socket_path);
+bool WriteTunnelMessage(int fd, char type, std::string_view payload);
+bool ReadTunnelMessage(int fd, char* type, std::string* payload);
 
 }  // namespace bcd::testing

@@ -81,6 +81,16 @@ TEST(DevStack, RunAndSpecAgainstARunningUp) {
   EXPECT_EQ(RunTool(tool + " secret secret://db/pw dev-value --dir " + stack).status, 2)
       << "a secret needs a binding";
 
+  // The operator's side of tunnels: exec and a shell through the gateway.
+  Ran exec = RunTool("echo from-stdin | " + tool + " exec --dir " + stack +
+                     " -- sh -c 'cat; echo out; echo err >&2; exit 3'");
+  EXPECT_EQ(exec.status, 3) << exec.out;
+  EXPECT_NE(exec.out.find("from-stdin\nout\n"), std::string::npos) << exec.out;
+  EXPECT_NE(exec.out.find("err\n"), std::string::npos) << exec.out;
+  Ran shell = RunTool("printf 'echo in-the-shell; exit 4\\n' | " + tool + " shell --dir " + stack);
+  EXPECT_EQ(shell.status, 4) << shell.out;
+  EXPECT_NE(shell.out.find("in-the-shell"), std::string::npos) << shell.out;
+
   // Without --dir, run finds the stack up recorded.
   Ran found = RunTool(tool + " run inventory.refresh");
   EXPECT_EQ(found.status, 0) << found.out;
