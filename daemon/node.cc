@@ -265,6 +265,7 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
          .now = env.now,
          .user = config.tunnel_user(),
          .allow = config.tunnel_allow(),
+         .instance_dial = mode == proto::Mode::kNode,
          .instance_address = [self](const std::string& id) -> std::optional<std::string> {
            for (const auto& instance : self->desired_->vps_instances()) {
              if (instance.instance_id() == id && !instance.address().empty()) {

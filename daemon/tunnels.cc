@@ -408,6 +408,9 @@ absl::Status TunnelRunner::Open(const v1::OpenTunnel& open, transport::FrameStre
       open.ticket(), jwks,
       {.node_id = options_.node_id, .session_id = session_id, .tunnel_id = id, .now = now});
   if (!ticket.ok()) return Refuse(id, std::string(ToStd(ticket.status().message())));
+  if (ticket->op() == "instance-tcp" && !options_.instance_dial) {
+    return Refuse(id, "instance-tcp is not offered here (no tunnel.instance-dial)");
+  }
   std::optional<Account> account;
   if (ticket->op() == "shell" || ticket->op() == "exec") {
     absl::StatusOr<Account> found = LookUp(options_.user);

@@ -46,7 +46,9 @@ struct TunnelRunnerOptions {
   std::function<int64_t()> now;        // unix seconds
   std::string user;                    // shell and exec log in as this user; "" = bcd's own
   std::vector<TunnelAllowRule> allow;  // where tcp may go
-  // instance-tcp: the address of an instance of the vps section, nullopt when it has none.
+  // instance-tcp (only where the mode advertises tunnel.instance-dial): the address of an instance
+  // of the vps section, nullopt when it has none.
+  bool instance_dial = false;
   std::function<std::optional<std::string>(const std::string& instance)> instance_address;
   // A warning event for the gateway (kind, message, attributes).
   std::function<void(const std::string&, const std::string&,

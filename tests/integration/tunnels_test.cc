@@ -334,8 +334,15 @@ TEST_F(Tunnels, AReaderThatStopsReadingStopsTheWriter) {
     in >> n;
     return n;
   };
-  std::this_thread::sleep_for(seconds(2));
-  long stalled = blocks();
+  // It stalls once the buffers between it and the reader are full (however long filling them
+  // takes on a busy machine).
+  long stalled = -1;
+  for (int i = 0; i < 40; ++i) {
+    std::this_thread::sleep_for(milliseconds(500));
+    long now = blocks();
+    if (now > 0 && now == stalled) break;
+    stalled = now;
+  }
   std::this_thread::sleep_for(milliseconds(500));
   EXPECT_EQ(blocks(), stalled) << "the writer kept going with no reader";
   // Bounded by the pipe, bcd's buffer, gRPC's windows and the gateway's queue of 4: a few MiB.
