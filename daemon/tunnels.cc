@@ -452,7 +452,11 @@ absl::Status TunnelRunner::Open(const v1::OpenTunnel& open, transport::FrameStre
       t.done = true;
       return;
     }
-    reader = std::thread([&t] { t.ReadStream(); });
+    // The operator's frames are read only once their destination exists: a frame read earlier
+    // (stdin and its end, say) would have nowhere to go.
+    auto start_reader = [&] {
+      if (!reader.joinable()) reader = std::thread([&t] { t.ReadStream(); });
+    };
     if (ticket.op() == "exec" || ticket.op() == "shell") {
       bool shell = ticket.op() == "shell";
       ChildArgs args = MakeArgs(*account, ticket.cmd(), shell);
@@ -471,9 +475,13 @@ absl::Status TunnelRunner::Open(const v1::OpenTunnel& open, transport::FrameStre
         pid = fork();
         if (pid == 0) {
           setpgid(0, 0);
-          dup2(in[0], 0);
-          dup2(out[1], 1);
-          dup2(err[1], 2);
+          // A pipe end that landed on 0..2 (bcd started with a standard fd closed) is moved out
+          // of the way first, so one dup2 cannot overwrite another's source.
+          int fds[3] = {in[0], out[1], err[1]};
+          for (int& fd : fds) {
+            if (fd < 3) fd = fcntl(fd, F_DUPFD, 3);
+          }
+          for (int i = 0; i < 3; ++i) dup2(fds[i], i);
           ExecChild(*account, args);
         }
       }
@@ -491,6 +499,7 @@ absl::Status TunnelRunner::Open(const v1::OpenTunnel& open, transport::FrameStre
           t.pty = master;
           if (t.closing) kill(-pid, SIGKILL);
         }
+        start_reader();
         t.Pump(shell ? std::vector<int>{master} : std::vector<int>{out[0], err[0]});
         int status = 0;
         while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
@@ -529,6 +538,7 @@ absl::Status TunnelRunner::Open(const v1::OpenTunnel& open, transport::FrameStre
           t.input = *fd;
           if (t.closing) shutdown(*fd, SHUT_RDWR);
         }
+        start_reader();
         t.Pump({*fd});
         std::lock_guard<std::mutex> lock(t.mu);
         shutdown(t.socket, SHUT_RDWR);  // a reader blocked writing to it returns
@@ -537,6 +547,7 @@ absl::Status TunnelRunner::Open(const v1::OpenTunnel& open, transport::FrameStre
         t.input = -1;
       }
     }
+    start_reader();  // a tunnel that never started still hears the operator close it
     t.Finish(closed);
     reader.join();
     for (int fd : to_close) close(fd);

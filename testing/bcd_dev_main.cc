@@ -382,7 +382,10 @@ int main(int argc, char** argv) {
   timespec tick{0, 200 * 1000 * 1000};
   auto deadline = std::time(nullptr) + seconds;
   while (seconds == 0 || std::time(nullptr) < deadline) {
-    if (sigtimedwait(&signals, nullptr, &tick) > 0) break;
+    if (int signal = sigtimedwait(&signals, nullptr, &tick); signal > 0) {
+      std::printf("\nbcd-dev: %s\n", strsignal(signal));
+      break;
+    }
     if (waitpid(node, nullptr, WNOHANG) == node) {
       std::printf("bcd node exited\n");
       node = -1;
