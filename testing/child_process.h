@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,12 @@ pid_t SpawnChild(const std::vector<std::string>& argv);
 int WaitChild(pid_t pid);
 // A free loopback port (bound, read, released) for a server a child or a restart will listen on.
 int FreeLoopbackPort();
+// A listening TCP socket on 127.0.0.1 with a port of the kernel's choice (written to `port`).
+int ListenOnLoopback(uint16_t* port);
+// A TCP connection to 127.0.0.1:`port`; -1 when nothing accepts there.
+int ConnectLoopback(uint16_t port);
+// Waits up to 10 s until something accepts connections on 127.0.0.1:`port`.
+bool WaitForLoopbackPort(uint16_t port);
 // Sends `request` over TCP from `source` (an address of this machine, e.g. a loopback alias) to
 // 127.0.0.1:`port` and returns everything the server wrote before closing ("" when it would not
 // connect). For servers that answer by source address.

@@ -362,15 +362,9 @@ bool ReadTunnelMessage(int fd, char* type, std::string* payload) {
 
 absl::StatusOr<std::string> AskDevControl(const std::filesystem::path& socket_path,
                                           const std::string& request) {
-  absl::StatusOr<sockaddr_un> addr = UnixAddress(socket_path);
-  if (!addr.ok()) return addr.status();
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&*addr), sizeof *addr) != 0) {
-    close(fd);
-    return absl::UnavailableError(
-        fmt::format("{}: {} (is bcd-dev up running?)", socket_path.string(), std::strerror(errno)));
-  }
-  return Converse(fd, request);
+  absl::StatusOr<int> fd = ConnectDevControl(socket_path);
+  if (!fd.ok()) return fd.status();
+  return Converse(*fd, request);
 }
 
 }  // namespace bcd::testing

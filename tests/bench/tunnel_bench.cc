@@ -41,15 +41,7 @@ using Clock = std::chrono::steady_clock;
 class Sink {
  public:
   Sink() {
-    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address);
-    socklen_t length = sizeof address;
-    getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length);
-    port_ = ntohs(address.sin_port);
-    listen(fd_, 64);
+    fd_ = bcd::testing::ListenOnLoopback(&port_);
     thread_ = std::thread([this] {
       while (true) {
         int client = accept(fd_, nullptr, nullptr);
@@ -85,31 +77,6 @@ class Sink {
   std::condition_variable cv_;
   int finished_ = 0;
 };
-
-int Connect(uint16_t port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(port);
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-bool WaitForPort(uint16_t port) {
-  for (int i = 0; i < 200; ++i) {
-    int fd = Connect(port);
-    if (fd >= 0) {
-      close(fd);
-      return true;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return false;
-}
 
 // Writes `bytes` to a socket, half-closes it; MB/s once the sink has seen it all.
 double OverSocket(int fd, uint64_t bytes, Sink& sink, int finished) {
@@ -192,7 +159,7 @@ int main(int argc, char** argv) {
   int finished = 0;
   std::printf("tcp tunnel throughput, %llu MiB each, loopback, one run:\n",
               static_cast<unsigned long long>(mib));
-  double direct = OverSocket(Connect(sink.port()), bytes, sink, ++finished);
+  double direct = OverSocket(bcd::testing::ConnectLoopback(sink.port()), bytes, sink, ++finished);
   std::printf("  no tunnel                      %8.1f MB/s\n", direct);
 
   bcd::testing::DevTunnel tunnel =
@@ -217,16 +184,17 @@ int main(int argc, char** argv) {
                              "AuthorizedKeysFile=" + dir + "/authorized_keys", "-o",
                              "StrictModes=no", "-o", "PidFile=" + dir + "/sshd.pid", "-o",
                              "AllowTcpForwarding=yes", "-o", "PermitRootLogin=prohibit-password"});
-    WaitForPort(static_cast<uint16_t>(ssh_port));
+    bcd::testing::WaitForLoopbackPort(static_cast<uint16_t>(ssh_port));
     pid_t client = SpawnChild(
         {"ssh", "-N", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o",
          "LogLevel=ERROR", "-i", dir + "/user", "-p", std::to_string(ssh_port), "-L",
          std::to_string(local_port) + ":127.0.0.1:" + std::to_string(sink.port()),
          std::string(getenv("USER") ? getenv("USER") : "root") + "@127.0.0.1"});
-    if (WaitForPort(static_cast<uint16_t>(local_port))) {
+    if (bcd::testing::WaitForLoopbackPort(static_cast<uint16_t>(local_port))) {
       ++finished;  // the probe connection of WaitForPort
       sink.WaitFinished(finished);
-      ssh = OverSocket(Connect(static_cast<uint16_t>(local_port)), bytes, sink, ++finished);
+      ssh = OverSocket(bcd::testing::ConnectLoopback(static_cast<uint16_t>(local_port)), bytes,
+                       sink, ++finished);
       std::printf("  ssh -L (OpenSSH, %s)   %8.1f MB/s  (bcd x%.2f of ssh)\n",
                   Run("ssh -V 2>&1 | cut -d, -f1 | tr -d '\\n'").c_str(), ssh, tunneled / ssh);
     } else {

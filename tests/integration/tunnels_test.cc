@@ -15,6 +15,7 @@
 #include "daemon/join.h"
 #include "daemon/node.h"
 #include "gtest/gtest.h"
+#include "testing/child_process.h"
 #include "testing/dev_gateway.h"
 #include "tests/unit/fake_root.h"
 
@@ -39,15 +40,7 @@ int64_t Now() { return static_cast<int64_t>(std::time(nullptr)); }
 class EchoServer {
  public:
   EchoServer() {
-    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address);
-    socklen_t length = sizeof address;
-    getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length);
-    port_ = ntohs(address.sin_port);
-    listen(fd_, 8);
+    fd_ = testing::ListenOnLoopback(&port_);
     thread_ = std::thread([this] {
       while (true) {
         int client = accept(fd_, nullptr, nullptr);

@@ -45,22 +45,6 @@ std::string ReadFile(const std::filesystem::path& path) {
   return text.str();
 }
 
-// Waits until something accepts connections on 127.0.0.1:port.
-bool WaitForPort(int port) {
-  for (int i = 0; i < 200; ++i) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_port = htons(static_cast<uint16_t>(port));
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bool ok = connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
-    close(fd);
-    if (ok) return true;
-    std::this_thread::sleep_for(milliseconds(50));
-  }
-  return false;
-}
-
 // A child process stopped and reaped when the test ends.
 struct Child {
   pid_t pid = -1;
@@ -180,7 +164,8 @@ class WebSocket : public ::testing::Test {
                                  std::filesystem::perm_options::add);
     child->pid = testing::SpawnChild({"tinyproxy", "-d", "-c", conf.string()});
     EXPECT_GT(child->pid, 0);
-    EXPECT_TRUE(WaitForPort(port)) << "tinyproxy did not listen";
+    EXPECT_TRUE(testing::WaitForLoopbackPort(static_cast<uint16_t>(port)))
+        << "tinyproxy did not listen";
     return port;
   }
 
