@@ -3,6 +3,9 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <span>
@@ -15,6 +18,7 @@
 #include "daemon/inventory.h"
 #include "daemon/join.h"
 #include "daemon/node.h"
+#include "daemon/notify.h"
 #include "fmt/format.h"
 #include "fmt/ostream.h"
 #include "pki/files.h"
@@ -250,7 +254,48 @@ int RunMode(const Flags& flags, const CliEnv& env, proto::Mode mode) {
       (*daemon)->Stop();
     }
   });
+  // Under systemd (Type=notify): READY once the first session is up, or after 30 s without one
+  // (the daemon is running and redialing; a unit must not sit in "activating" for a gateway that
+  // is down); WATCHDOG=1 while the session engine answers; STOPPING=1 on the way out.
+  std::optional<SystemdNotifier> systemd =
+      SystemdNotifier::FromEnvironment([](const char* name) -> std::optional<std::string> {
+        const char* value = std::getenv(name);
+        return value ? std::optional<std::string>(value) : std::nullopt;
+      });
+  std::mutex notify_mu;
+  std::condition_variable notify_cv;
+  bool finished = false;
+  std::thread notifier;
+  if (systemd) {
+    notifier = std::thread([&] {
+      bool welcomed = (*daemon)->WaitUntil(
+          [](const SessionSnapshot& s) { return s.welcomes > 0 || s.state == "stopped"; },
+          std::chrono::seconds(30));
+      SessionSnapshot s = (*daemon)->Snapshot();
+      systemd->Notify(welcomed && s.welcomes > 0
+                          ? "READY=1\nSTATUS=connected"
+                          : "READY=1\nSTATUS=no session yet: " + s.last_error.substr(0, 200));
+      std::unique_lock<std::mutex> lock(notify_mu);
+      while (!finished) {
+        auto interval = systemd->watchdog_interval().value_or(std::chrono::seconds(3600));
+        if (notify_cv.wait_for(lock, interval, [&] { return finished; })) break;
+        lock.unlock();
+        (void)(*daemon)->Snapshot();  // blocks, and so stops the pings, if the engine is stuck
+        if (systemd->watchdog_interval()) systemd->Notify("WATCHDOG=1");
+        lock.lock();
+      }
+    });
+  }
   absl::Status status = (*daemon)->Run();
+  if (systemd) {
+    systemd->Notify("STOPPING=1");
+    {
+      std::lock_guard<std::mutex> lock(notify_mu);
+      finished = true;
+    }
+    notify_cv.notify_all();
+    notifier.join();
+  }
   pthread_kill(waiter.native_handle(), SIGUSR1);
   waiter.join();
   if (status.ok()) return kExitOk;

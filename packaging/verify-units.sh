@@ -1,0 +1,18 @@
+#!/bin/sh
+# Checks the units with systemd-analyze verify, their ExecStart pointed at BCD (the built binary),
+# and fails on any complaint, warnings included.
+#   verify-units.sh BCD
+set -eu
+bcd=$1
+dir=$(dirname "$0")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+for unit in bcd-node.service bcd-site.service; do
+  sed "s|/usr/bin/bcd|$bcd|" "$dir/$unit" > "$tmp/$unit"
+  out=$(systemd-analyze verify "$tmp/$unit" 2>&1) || { echo "$unit: $out" >&2; exit 1; }
+  if [ -n "$out" ]; then
+    echo "$unit: $out" >&2
+    exit 1
+  fi
+  echo "$unit: ok"
+done
