@@ -24,6 +24,7 @@
 #include "pki/files.h"
 #include "proto/absl_compat.h"
 #include "proto/version.h"
+#include "transport/proxy.h"
 
 namespace bcd {
 namespace {
@@ -257,11 +258,7 @@ int RunMode(const Flags& flags, const CliEnv& env, proto::Mode mode) {
   // Under systemd (Type=notify): READY once the first session is up, or after 30 s without one
   // (the daemon is running and redialing; a unit must not sit in "activating" for a gateway that
   // is down); WATCHDOG=1 while the session engine answers; STOPPING=1 on the way out.
-  std::optional<SystemdNotifier> systemd =
-      SystemdNotifier::FromEnvironment([](const char* name) -> std::optional<std::string> {
-        const char* value = std::getenv(name);
-        return value ? std::optional<std::string>(value) : std::nullopt;
-      });
+  std::optional<SystemdNotifier> systemd = SystemdNotifier::FromEnvironment(transport::ProcessEnv);
   std::mutex notify_mu;
   std::condition_variable notify_cv;
   bool finished = false;

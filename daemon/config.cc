@@ -20,12 +20,6 @@ namespace {
 
 using transport::ParsePort;
 
-std::string LowerCase(std::string_view text) {
-  std::string out(text);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
 bool IsIpv4(const std::string& text) {
   in_addr addr{};
   return inet_pton(AF_INET, text.c_str(), &addr) == 1;
@@ -140,14 +134,14 @@ absl::StatusOr<TunnelAllowRule> TunnelAllowRule::Parse(std::string_view text) {
           fmt::format("\"{}\": HOST must be an IP, a CIDR block or a host name", text));
     }
   }
-  rule.host = LowerCase(host);
+  rule.host = Lower(host);
   rule.is_name = true;
   return rule;
 }
 
 bool TunnelAllowRule::Allows(std::string_view host, std::string_view address, uint16_t port) const {
   if (this->port && *this->port != port) return false;
-  if (is_name) return LowerCase(host) == this->host;
+  if (is_name) return Lower(host) == this->host;
   return transport::InCidr(this->host, address);
 }
 

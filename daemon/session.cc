@@ -229,10 +229,17 @@ bool SessionEngine::Handle(const v1::ServerFrame& frame) {
                    {{"tunnel_id", frame.open_tunnel().tunnel_id()}});
         return unhandled();
       }
-      if (tunnels_ == nullptr || serving_ == nullptr) return unhandled();
-      // A refusal is logged and reported by the runner; the gateway's open times out.
-      (void)tunnels_->Open(frame.open_tunnel(), *serving_, Snapshot().session_id);
-      return false;
+      {
+        transport::FrameStream* session;
+        {
+          std::lock_guard<std::mutex> lock(outbox_mu_);
+          session = live_;  // the stream this frame came on (Handle runs on its reading thread)
+        }
+        if (tunnels_ == nullptr || session == nullptr) return unhandled();
+        // A refusal is logged and reported by the runner; the gateway's open times out.
+        (void)tunnels_->Open(frame.open_tunnel(), *session, Snapshot().session_id);
+        return false;
+      }
     case v1::ServerFrame::FRAME_NOT_SET: {
       std::lock_guard<std::mutex> lock(mu_);
       ++snapshot_.unknown_frames;
@@ -299,11 +306,9 @@ transport::Refusal SessionEngine::Serve(transport::FrameStream& stream, Backoff&
     }
   });
   v1::ServerFrame frame;
-  serving_ = &stream;
   while (stream.Read(&frame)) {
     if (Handle(frame)) stream.Write(Status());  // StatusReport on change
   }
-  serving_ = nullptr;
   if (tunnels_ != nullptr) tunnels_->CloseAll();  // a tunnel lives no longer than its session
   {
     std::lock_guard<std::mutex> lock(ticker_mu);

@@ -122,7 +122,6 @@ class SessionEngine {
   class DesiredState* desired_ = nullptr;
   class SecretClient* secrets_ = nullptr;
   class TunnelRunner* tunnels_ = nullptr;
-  transport::FrameStream* serving_ = nullptr;  // the stream Serve runs; Run thread only
   std::atomic<int64_t> status_interval_ms_{0};
   transport::Transport* transport_;
   pki::TrustState trust_;  // owned by the Run thread

@@ -75,6 +75,19 @@ std::filesystem::path CurrentFile() {
          "bcd-dev.current";
 }
 
+// DIR from --dir, else the one the last `up` recorded; "" (and a message) when there is none.
+std::string StackDir(std::string dir) {
+  if (dir.empty()) {
+    std::ifstream current(CurrentFile());
+    std::getline(current, dir);
+    if (dir.empty()) {
+      std::fprintf(stderr, "bcd-dev: no running stack found (%s); pass --dir DIR\n",
+                   CurrentFile().c_str());
+    }
+  }
+  return dir;
+}
+
 // bcd-dev run / spec: one request to the running stack; exit 0 when the command succeeded or the
 // spec was applied.
 int Ask(const std::vector<std::string>& args) {
@@ -119,15 +132,8 @@ int Ask(const std::vector<std::string>& args) {
   } else {
     return Usage();
   }
-  if (dir.empty()) {
-    std::ifstream current(CurrentFile());
-    std::getline(current, dir);
-    if (dir.empty()) {
-      return std::fprintf(stderr, "bcd-dev: no running stack found (%s); pass --dir DIR\n",
-                          CurrentFile().c_str()),
-             1;
-    }
-  }
+  dir = StackDir(dir);
+  if (dir.empty()) return 1;
   absl::StatusOr<std::string> answer =
       bcd::testing::AskDevControl(std::filesystem::path(dir) / "dev.sock", request.dump());
   if (!answer.ok())
@@ -143,14 +149,6 @@ int Ask(const std::vector<std::string>& args) {
               outcome.value("state", "") == "SPEC_ACK_STATE_APPLIED" ||
               outcome.value("bound", false);
   return good ? 0 : 1;
-}
-
-std::string StackDir(std::string dir) {
-  if (dir.empty()) {
-    std::ifstream current(CurrentFile());
-    std::getline(current, dir);
-  }
-  return dir;
 }
 
 volatile sig_atomic_t resized = 0;
@@ -223,6 +221,7 @@ int TunnelCommand(const std::vector<std::string>& args) {
   }
   for (; i < args.size(); ++i) rest.push_back(args[i]);
   dir = StackDir(dir);
+  if (dir.empty()) return 1;
   std::filesystem::path socket = std::filesystem::path(dir) / "dev.sock";
   auto open = [&](const nlohmann::json& request) -> int {
     absl::StatusOr<int> fd = bcd::testing::ConnectDevControl(socket);

@@ -8,57 +8,69 @@ namespace {
 
 namespace v1 = bettercompute::agent::v1;
 
-class GrpcTunnelStream final : public TunnelStream {
+// One bidirectional call on a channel (Session or Tunnel): reads on one thread, writes from any
+// (serialized), Cancel from any.
+template <class Out, class In>
+class GrpcCall {
  public:
-  GrpcTunnelStream(std::shared_ptr<grpc::Channel> channel)
+  using Stream = grpc::ClientReaderWriter<Out, In>;
+  GrpcCall(std::shared_ptr<grpc::Channel> channel,
+           std::unique_ptr<Stream> (v1::AgentGateway::Stub::*start)(grpc::ClientContext*))
       : channel_(std::move(channel)), stub_(v1::AgentGateway::NewStub(channel_)) {
-    stream_ = stub_->Tunnel(&context_);
+    stream_ = (stub_.get()->*start)(&context_);
   }
-  bool Read(v1::TunnelFrame* frame) override { return stream_->Read(frame); }
-  bool Write(const v1::TunnelFrame& frame) override {
+  bool Read(In* message) { return stream_->Read(message); }
+  bool Write(const Out& message) {
     std::lock_guard<std::mutex> lock(write_mu_);
-    return stream_->Write(frame);
+    return stream_->Write(message);
   }
-  void CloseSend() override {
+  void CloseSend() {
     std::lock_guard<std::mutex> lock(write_mu_);
     stream_->WritesDone();
   }
-  void Cancel() override { context_.TryCancel(); }
-  Refusal Finish() override { return RefusalOf(stream_->Finish(), context_); }
+  void Cancel() { context_.TryCancel(); }
+  grpc::Status Finish() { return stream_->Finish(); }
+  const grpc::ClientContext& context() const { return context_; }
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
 
  private:
-  std::shared_ptr<grpc::Channel> channel_;  // the session's connection
+  std::shared_ptr<grpc::Channel> channel_;  // kept alive while the call is
   std::unique_ptr<v1::AgentGateway::Stub> stub_;
   grpc::ClientContext context_;
   std::mutex write_mu_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::TunnelFrame, v1::TunnelFrame>> stream_;
+  std::unique_ptr<Stream> stream_;
+};
+
+class GrpcTunnelStream final : public TunnelStream {
+ public:
+  // On the session's connection.
+  explicit GrpcTunnelStream(std::shared_ptr<grpc::Channel> channel)
+      : call_(std::move(channel), &v1::AgentGateway::Stub::Tunnel) {}
+  bool Read(v1::TunnelFrame* frame) override { return call_.Read(frame); }
+  bool Write(const v1::TunnelFrame& frame) override { return call_.Write(frame); }
+  void CloseSend() override { call_.CloseSend(); }
+  void Cancel() override { call_.Cancel(); }
+  Refusal Finish() override { return RefusalOf(call_.Finish(), call_.context()); }
+
+ private:
+  GrpcCall<v1::TunnelFrame, v1::TunnelFrame> call_;
 };
 
 class GrpcFrameStream final : public FrameStream {
  public:
   GrpcFrameStream(std::shared_ptr<grpc::Channel> channel, std::shared_ptr<VerificationLog> log)
-      : channel_(std::move(channel)),
-        stub_(v1::AgentGateway::NewStub(channel_)),
-        log_(std::move(log)) {
-    stream_ = stub_->Session(&context_);
-  }
+      : call_(std::move(channel), &v1::AgentGateway::Stub::Session), log_(std::move(log)) {}
 
-  bool Read(v1::ServerFrame* frame) override { return stream_->Read(frame); }
-  bool Write(const v1::AgentFrame& frame) override {
-    std::lock_guard<std::mutex> lock(write_mu_);
-    return stream_->Write(frame);
-  }
-  void CloseSend() override {
-    std::lock_guard<std::mutex> lock(write_mu_);
-    stream_->WritesDone();
-  }
-  void Cancel() override { context_.TryCancel(); }
+  bool Read(v1::ServerFrame* frame) override { return call_.Read(frame); }
+  bool Write(const v1::AgentFrame& frame) override { return call_.Write(frame); }
+  void CloseSend() override { call_.CloseSend(); }
+  void Cancel() override { call_.Cancel(); }
   absl::StatusOr<std::unique_ptr<TunnelStream>> OpenTunnel() override {
-    return std::unique_ptr<TunnelStream>(new GrpcTunnelStream(channel_));
+    return std::unique_ptr<TunnelStream>(new GrpcTunnelStream(call_.channel()));
   }
   Refusal Finish() override {
-    grpc::Status status = stream_->Finish();
-    Refusal refusal = RefusalOf(status, context_);
+    grpc::Status status = call_.Finish();
+    Refusal refusal = RefusalOf(status, call_.context());
     if (status.error_code() == grpc::StatusCode::UNAVAILABLE && log_ && !log_->Last().empty()) {
       refusal.message = log_->Last();
     }
@@ -66,12 +78,8 @@ class GrpcFrameStream final : public FrameStream {
   }
 
  private:
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::AgentGateway::Stub> stub_;
+  GrpcCall<v1::AgentFrame, v1::ServerFrame> call_;
   std::shared_ptr<VerificationLog> log_;
-  grpc::ClientContext context_;
-  std::mutex write_mu_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::AgentFrame, v1::ServerFrame>> stream_;
 };
 
 }  // namespace

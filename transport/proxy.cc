@@ -9,17 +9,14 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "absl/strings/ascii.h"
 #include "fmt/format.h"
 #include "proto/absl_compat.h"
 
 namespace bcd::transport {
 namespace {
 
-std::string Lower(std::string_view text) {
-  std::string out(text);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
+std::string Lower(std::string_view text) { return absl::AsciiStrToLower(ToAbsl(text)); }
 
 std::string_view Trim(std::string_view text) {
   while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front())))
@@ -83,8 +80,6 @@ std::optional<std::pair<std::string, std::optional<uint16_t>>> HostPort(std::str
   }
   return std::make_pair(Lower(host), port);
 }
-
-bool CidrMatches(std::string_view entry, const std::string& host) { return InCidr(entry, host); }
 
 }  // namespace
 
@@ -199,7 +194,7 @@ bool NoProxyMatches(std::string_view no_proxy, std::string_view host_in, uint16_
     if (entry.empty()) continue;
     if (entry == "*") return true;
     if (entry.find('/') != std::string_view::npos) {
-      if (CidrMatches(entry, host)) return true;
+      if (InCidr(entry, host)) return true;
       continue;
     }
     auto parsed = HostPort(entry);

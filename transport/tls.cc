@@ -23,6 +23,7 @@
 #include "pki/openssl_util.h"
 #include "pki/x509.h"
 #include "proto/absl_compat.h"
+#include "transport/proxy.h"
 
 namespace bcd::transport {
 namespace {
@@ -37,12 +38,6 @@ system_default = bcd_system_default
 MinProtocol = TLSv1.3
 Protocol = -SSLv3, -TLSv1, -TLSv1.1, -TLSv1.2
 )";
-
-bool IsIp(const std::string& name) {
-  in6_addr v6{};
-  in_addr v4{};
-  return inet_pton(AF_INET, name.c_str(), &v4) == 1 || inet_pton(AF_INET6, name.c_str(), &v6) == 1;
-}
 
 class PinnedCaVerifier : public grpc::experimental::ExternalCertificateVerifier {
  public:
@@ -97,7 +92,7 @@ absl::Status CheckPinnedChain(const std::vector<pki::Certificate>& chain, std::s
         fmt::format("the gateway's certificate: {}", ToStd(s.message())));
   }
   X509* leaf = chain.front().get();
-  int match = IsIp(server_name)
+  int match = IpBytes(server_name)
                   ? X509_check_ip_asc(leaf, server_name.c_str(), 0)
                   : X509_check_host(leaf, server_name.c_str(), server_name.size(), 0, nullptr);
   if (match != 1) {

@@ -25,6 +25,7 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "bettercompute/agent/v1/session.pb.h"
 #include "fmt/format.h"
 #include "proto/absl_compat.h"
@@ -83,26 +84,15 @@ class IoThread {
   std::thread thread_;
 };
 
-std::string Lower(std::string_view text) {
-  std::string out(text);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
 template <class Fields>
 std::map<std::string, std::string> HeaderMap(const Fields& fields) {
   std::map<std::string, std::string> out;
   for (const auto& field : fields) {
-    out[Lower(std::string_view(field.name_string().data(), field.name_string().size()))] =
+    out[absl::AsciiStrToLower(
+        absl::string_view(field.name_string().data(), field.name_string().size()))] =
         std::string(field.value().data(), field.value().size());
   }
   return out;
-}
-
-bool IsIp(const std::string& name) {
-  unsigned char buffer[16];
-  return inet_pton(AF_INET, name.c_str(), buffer) == 1 ||
-         inet_pton(AF_INET6, name.c_str(), buffer) == 1;
 }
 
 std::string HostHeader(const std::string& host, uint16_t port) {
@@ -256,10 +246,6 @@ class Connection final : public WsConnection {
     std::lock_guard<std::mutex> lock(mu_);
     return end_;
   }
-  void set_end(std::string end) {
-    std::lock_guard<std::mutex> lock(mu_);
-    end_ = std::move(end);
-  }
 
  private:
   bool Write(std::string_view message, bool binary) {
@@ -362,10 +348,10 @@ std::optional<Refusal> DialTls(Connection& c, const WebSocketSpec& spec, TlsTrus
     }
   }
   SSL* ssl_handle = c.ws().next_layer().native_handle();
-  if (!IsIp(spec.server_name)) SSL_set_tlsext_host_name(ssl_handle, spec.server_name.c_str());
+  if (!IpBytes(spec.server_name)) SSL_set_tlsext_host_name(ssl_handle, spec.server_name.c_str());
   if (spec.proxy_ca_pem) {
     X509_VERIFY_PARAM* param = SSL_get0_param(ssl_handle);
-    if (IsIp(spec.host)) {
+    if (IpBytes(spec.host)) {
       X509_VERIFY_PARAM_set1_ip_asc(param, spec.host.c_str());
     } else {
       X509_VERIFY_PARAM_set1_host(param, spec.host.c_str(), spec.host.size());
@@ -409,20 +395,18 @@ class WsFrameStream final : public FrameStream {
 
   bool Read(v1::ServerFrame* frame) override {
     if (!WaitDialed()) return false;
-    while (true) {
-      std::string message;
-      bool text = false;
-      if (!connection_->Read(&message, &text)) return false;
-      if (text) {
-        return Fail(1003, "protocol-error",
-                    "the gateway sent a text message: frames come in binary messages");
-      }
-      if (absl::Status s = proto::DecodeMessage(message, frame); !s.ok()) {
-        return Fail(1007, "protocol-error",
-                    fmt::format("the gateway sent a malformed frame: {}", ToStd(s.message())));
-      }
-      return true;
+    std::string message;
+    bool text = false;
+    if (!connection_->Read(&message, &text)) return false;
+    if (text) {
+      return Fail(1003, "protocol-error",
+                  "the gateway sent a text message: frames come in binary messages");
     }
+    if (absl::Status s = proto::DecodeMessage(message, frame); !s.ok()) {
+      return Fail(1007, "protocol-error",
+                  fmt::format("the gateway sent a malformed frame: {}", ToStd(s.message())));
+    }
+    return true;
   }
   bool Write(const v1::AgentFrame& frame) override {
     if (!WaitDialed()) return false;
