@@ -21,6 +21,7 @@
 #include "daemon/notify.h"
 #include "fmt/format.h"
 #include "fmt/ostream.h"
+#include "install/install_script.h"
 #include "pki/files.h"
 #include "proto/absl_compat.h"
 #include "proto/version.h"
@@ -37,7 +38,7 @@ struct Command {
 };
 
 constexpr Command kCommands[] = {
-    {"join", "--token T [--role node|site] | --node-id N [--attestor A]",
+    {"join", "--token T | --token-file F|- [--role node|site] | --node-id N [--attestor A]",
      "join the fleet: key, CSR, Join, store identity and trust bundle",
      "the join and session work"},
     {"node", "", "run the node mode in the foreground until SIGTERM", ""},
@@ -45,8 +46,11 @@ constexpr Command kCommands[] = {
     {"ramdisk", "", "run the ramdisk mode in the foreground until SIGTERM", "the ramdisk mode"},
     {"status", "", "show this node's identity, trust and session state", ""},
     {"inventory", "", "print this machine's hardware claims as JSON", ""},
-    {"install-script", "--gateway-url U --ca-pin P --token T [...]",
-     "print the installer for a new machine", "the install-script work"},
+    {"install-script",
+     "--gateway-url U --ca-pin P --token T [--role node|site] [--websocket-url W]\n"
+     "    [--proxy-ca-file F] [--release-key K]... [--binary-url URL --binary-sha256 H]\n"
+     "    [--gateway-server-name N]",
+     "print the installer for a new machine", ""},
     {"version", "", "print the version, protocol range and capabilities", ""},
 };
 
@@ -154,6 +158,7 @@ std::optional<std::string> TakeOption(std::vector<std::string>* rest, std::strin
 int Join(Flags flags, const CliEnv& env) {
   bool bad = false;
   std::optional<std::string> token = TakeOption(&flags.rest, "--token", &bad);
+  std::optional<std::string> token_file = TakeOption(&flags.rest, "--token-file", &bad);
   std::optional<std::string> role = TakeOption(&flags.rest, "--role", &bad);
   std::optional<std::string> node_id = TakeOption(&flags.rest, "--node-id", &bad);
   std::optional<std::string> attestor = TakeOption(&flags.rest, "--attestor", &bad);
@@ -164,8 +169,37 @@ int Join(Flags flags, const CliEnv& env) {
         bad ? "an option is missing its value" : "unknown option \"" + flags.rest.front() + "\"");
     return kExitUsage;
   }
+  if (token && token_file) {
+    fmt::print(env.err, "bcd join: give --token or --token-file, not both\n");
+    return kExitUsage;
+  }
+  if (token_file) {
+    // A file, or "-" for stdin: the installer pipes the token in, so it never shows in `ps`.
+    absl::StatusOr<std::string> text = absl::InvalidArgumentError("stdin is not available");
+    if (*token_file == "-") {
+      if (env.in != nullptr) {
+        std::string line;
+        std::getline(*env.in, line);
+        text = line;
+      }
+    } else {
+      text = pki::ReadWholeFile(*token_file, 64 * 1024);
+    }
+    if (!text.ok()) {
+      fmt::print(env.err, "bcd join: --token-file {}: {}\n", *token_file,
+                 ToStd(text.status().message()));
+      return kExitUsage;
+    }
+    std::string value = text->substr(0, text->find('\n'));
+    if (!value.empty() && value.back() == '\r') value.pop_back();
+    if (value.empty()) {
+      fmt::print(env.err, "bcd join: --token-file {}: no token in it\n", *token_file);
+      return kExitUsage;
+    }
+    token = value;
+  }
   if (token.has_value() == node_id.has_value()) {
-    fmt::print(env.err, "bcd join: give either --token T or --node-id N\n");
+    fmt::print(env.err, "bcd join: give either --token T (or --token-file F) or --node-id N\n");
     return kExitUsage;
   }
   JoinSpec spec;
@@ -212,6 +246,20 @@ int Join(Flags flags, const CliEnv& env) {
     default:
       return kExitOther;
   }
+}
+
+// Prints the installer the flags describe; reads the files they name (proxy CA, release keys).
+int InstallScript(const Flags& flags, const CliEnv& env) {
+  absl::StatusOr<install::InstallOptions> options = install::ParseInstallFlags(
+      flags.rest, [](const std::string& path) { return pki::ReadWholeFile(path, 64 * 1024); });
+  absl::StatusOr<std::string> script =
+      options.ok() ? install::GenerateInstallScript(*options) : options.status();
+  if (!script.ok()) {
+    fmt::print(env.err, "bcd install-script: {}\n", ToStd(script.status().message()));
+    return kExitUsage;
+  }
+  fmt::print(env.out, "{}", *script);
+  return kExitOk;
 }
 
 // Runs a mode in the foreground until SIGTERM or SIGINT.
@@ -343,6 +391,7 @@ int RunCli(const std::vector<std::string>& args, const CliEnv& env) {
   if (command->name == "node") return RunMode(*flags, env, proto::Mode::kNode);
   if (command->name == "status") return Status(*flags, env);
   if (command->name == "site") return RunMode(*flags, env, proto::Mode::kSite);
+  if (command->name == "install-script") return InstallScript(*flags, env);
   if (!command->arrives.empty()) {
     fmt::print(env.err, "bcd {}: not implemented yet in this build (comes with {})\n",
                command->name, command->arrives);

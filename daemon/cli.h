@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <istream>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -27,6 +28,7 @@ enum ExitCode : int {
 struct CliEnv {
   std::ostream& out;
   std::ostream& err;
+  std::istream* in = nullptr;        // stdin, for `--token-file -`
   std::filesystem::path root = "/";  // where inventory reads /proc, /sys and /etc
   std::string architecture;          // uname -m
   CommandRunner* runner = nullptr;

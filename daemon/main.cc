@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   bcd::CliEnv env{
       .out = std::cout,
       .err = std::cerr,
+      .in = &std::cin,
       .root = "/",
       .architecture = uts.machine,
       .runner = &runner,

@@ -214,6 +214,12 @@ absl::StatusOr<PrivateKey> PrivateKey::FromPem(std::string_view pem) {
   return PrivateKey(std::move(key));
 }
 
+std::string PublicKey::ToPem() const {
+  BioPtr bio(BIO_new(BIO_s_mem()));
+  PEM_write_bio_PUBKEY(bio.get(), key_.get());
+  return BioContents(bio.get());
+}
+
 std::string PrivateKey::ToPem() const {
   BioPtr bio(BIO_new(BIO_s_mem()));
   PEM_write_bio_PrivateKey(bio.get(), key_.get(), nullptr, nullptr, 0, nullptr, nullptr);

@@ -33,7 +33,8 @@ class PublicKey {
   static absl::StatusOr<PublicKey> FromXY(std::string_view x, std::string_view y);
 
   std::string SpkiDer() const;
-  std::string Sec1() const;  // 65 bytes
+  std::string Sec1() const;   // 65 bytes
+  std::string ToPem() const;  // SubjectPublicKeyInfo PEM
   std::string SpkiSha256() const { return Sha256(SpkiDer()); }
 
   // OK when `signature` (raw r || s) is a valid ES256 signature of `message` by this key.

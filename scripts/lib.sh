@@ -17,6 +17,8 @@ BCD_PACKAGES=(
   libgtest-dev libgmock-dev openssl
   tinyproxy  # a real HTTP CONNECT proxy for the WebSocket transport's tests
   openssh-server openssh-client  # ssh -L beside the tunnel benchmark
+  shellcheck curl wget binutils  # the generated installer: linted, and run downloading with curl and wget
+  systemd dpkg-dev  # systemd-analyze verify on the units; dpkg-shlibdeps and dpkg-deb for the package
 )
 
 log() { printf '\n==> %s\n' "$*" >&2; }

@@ -1211,8 +1211,8 @@ std::string DevGateway::AddProvisioningCredential(const std::string& node_id) {
   return credential;
 }
 
-std::string DevGateway::AddJoinToken(const std::string& node_id, int64_t ttl) {
-  std::string token = "bcdjt_" + pki::Base64UrlEncode(pki::RandomBytes(24));
+std::string DevGateway::AddJoinToken(const std::string& node_id, int64_t ttl, std::string token) {
+  if (token.empty()) token = "bcdjt_" + pki::Base64UrlEncode(pki::RandomBytes(24));
   std::lock_guard<std::mutex> lock(state_->mu);
   state_->tokens[token] = {node_id, state_->Now() + ttl, false, ""};
   return token;

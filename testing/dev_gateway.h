@@ -150,8 +150,9 @@ class DevGateway {
                                     std::chrono::milliseconds timeout) const;
   void ForgetWsClose(const std::string& node_id);
 
-  // A single-use join token for `node_id`, valid `ttl` seconds.
-  std::string AddJoinToken(const std::string& node_id, int64_t ttl = 3600);
+  // A single-use join token for `node_id`, valid `ttl` seconds: `token` when given, else a fresh
+  // random one.
+  std::string AddJoinToken(const std::string& node_id, int64_t ttl = 3600, std::string token = "");
   // A provisioning credential for `node_id`, as a deploy would write it for the provisioned
   // attestor.
   std::string AddProvisioningCredential(const std::string& node_id);

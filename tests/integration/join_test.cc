@@ -45,10 +45,11 @@ class Join : public ::testing::Test {
             "\"\nstate_dir = \"" + (dir_.path() / "state").string() + "\"\n");
   }
 
-  Result Run(std::vector<std::string> args) {
+  Result Run(std::vector<std::string> args, std::istream* in = nullptr) {
     std::ostringstream out, err;
     CliEnv env{.out = out,
                .err = err,
+               .in = in,
                .root = dir_.path() / "no-such-root",
                .architecture = "x86_64",
                .runner = nullptr,
@@ -64,6 +65,28 @@ class Join : public ::testing::Test {
   std::unique_ptr<DevGateway> gateway_;
   std::vector<std::chrono::seconds> sleeps_;
 };
+
+// The installer's way: the token on stdin (never on a command line, where ps shows it), or in a
+// file.
+TEST_F(Join, ReadsTheTokenFromStdinOrAFile) {
+  std::istringstream in(gateway_->AddJoinToken("n-stdin") + "\r\n");
+  Result r = Run({"join", "--token-file", "-"}, &in);
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_NE(r.out.find("joined as spiffe://dev.test/site/dev/node/n-stdin"), std::string::npos);
+
+  Result both = Run({"join", "--token", "x", "--token-file", "-"});
+  EXPECT_EQ(both.code, kExitUsage);
+  EXPECT_EQ(both.err, "bcd join: give --token or --token-file, not both\n");
+  dir_.Write("empty-token", "\n");
+  Result empty = Run({"join", "--token-file", (dir_.path() / "empty-token").string()});
+  EXPECT_EQ(empty.code, kExitUsage);
+  EXPECT_NE(empty.err.find("no token in it"), std::string::npos) << empty.err;
+  Result missing = Run({"join", "--token-file", (dir_.path() / "nope").string()});
+  EXPECT_EQ(missing.code, kExitUsage);
+  EXPECT_NE(missing.err.find("bcd join: --token-file " + (dir_.path() / "nope").string()),
+            std::string::npos)
+      << missing.err;
+}
 
 TEST_F(Join, JoinsWithATokenAndStoresTheIdentity) {
   Result r = Run({"join", "--token", gateway_->AddJoinToken("n-1")});
@@ -201,7 +224,8 @@ TEST_F(Join, ATls13ServerGetsPastTheVersionCheck) {
 }
 
 TEST_F(Join, NeedsATokenOrANodeId) {
-  EXPECT_EQ(Run({"join"}).err, "bcd join: give either --token T or --node-id N\n");
+  EXPECT_EQ(Run({"join"}).err,
+            "bcd join: give either --token T (or --token-file F) or --node-id N\n");
   EXPECT_EQ(Run({"join", "--token", "a", "--role", "ramdisk"}).err,
             "bcd join: --role must be node or site, got \"ramdisk\"\n");
   EXPECT_EQ(Run({"join", "--token"}).code, kExitUsage);

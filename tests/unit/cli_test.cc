@@ -85,7 +85,7 @@ TEST(Cli, ConfigWithoutAPathIsAUsageError) {
 }
 
 TEST(Cli, CommandsNotInThisBuildSaySoWithExitOne) {
-  for (const char* name : {"ramdisk", "install-script"}) {
+  for (const char* name : {"ramdisk"}) {
     Result r = RunBcd({name, "--token", "T"});
     EXPECT_EQ(r.code, kExitOther) << name;
     EXPECT_NE(r.err.find(std::string("bcd ") + name + ": not implemented yet in this build"),
@@ -93,6 +93,18 @@ TEST(Cli, CommandsNotInThisBuildSaySoWithExitOne) {
         << r.err;
     EXPECT_EQ(r.out, "");
   }
+}
+
+TEST(Cli, InstallScriptPrintsTheInstallerOrNamesTheBadFlag) {
+  Result bad = RunBcd({"install-script", "--token", "T"});
+  EXPECT_EQ(bad.code, kExitUsage);
+  EXPECT_EQ(bad.err, "bcd install-script: --gateway-url is required\n");
+  EXPECT_EQ(bad.out, "");
+  Result good = RunBcd({"install-script", "--gateway-url", "https://gw.example.net", "--ca-pin",
+                        std::string(64, 'a'), "--token", "T"});
+  EXPECT_EQ(good.code, kExitOk) << good.err;
+  EXPECT_TRUE(good.out.starts_with("#!/bin/sh\n")) << good.out;
+  EXPECT_EQ(good.err, "");
 }
 
 TEST(Cli, EveryCommandTakesConfigAndHelp) {
