@@ -2,9 +2,11 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <condition_variable>
 #include <cstdlib>
+#include <iostream>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -283,6 +285,8 @@ int RunMode(const Flags& flags, const CliEnv& env, proto::Mode mode) {
   sigaddset(&signals, SIGUSR1);  // only to release the waiter when the engine stops by itself
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   Logger log(&env.err, config->log_level());
+  log.set_priority_prefix(&env.err == &std::cerr &&
+                          IsJournalStream(STDERR_FILENO, transport::ProcessEnv));
   std::mt19937_64 rng(std::random_device{}());
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   absl::StatusOr<std::unique_ptr<NodeDaemon>> daemon =

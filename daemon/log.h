@@ -20,6 +20,9 @@ class Logger {
  public:
   Logger(std::ostream* out, LogLevel level) : out_(out), level_(level) {}
   void set_level(LogLevel level) { level_ = level; }
+  // Under journald: each line starts with its syslog priority ("<6>" for info), which journald
+  // strips and keeps as the entry's level (journalctl -p warning shows warnings and errors).
+  void set_priority_prefix(bool on) { priority_prefix_ = on; }
   // What was logged so far when the stream is a std::ostringstream, else "": for tests that read
   // the log while other threads write to it.
   std::string Text();
@@ -43,6 +46,7 @@ class Logger {
   std::mutex mu_;
   std::ostream* out_;  // guarded by mu_
   std::atomic<LogLevel> level_;
+  std::atomic<bool> priority_prefix_{false};
 };
 
 }  // namespace bcd

@@ -1,10 +1,12 @@
 #include "daemon/notify.h"
 
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <charconv>
+#include <cstdio>
 #include <cstring>
 
 namespace bcd {
@@ -41,6 +43,18 @@ bool SystemdNotifier::Notify(std::string_view state) const {
              length) == static_cast<ssize_t>(state.size());
   close(fd);
   return sent;
+}
+
+bool IsJournalStream(int fd, const std::function<std::optional<std::string>(const char*)>& env) {
+  std::optional<std::string> stream = env("JOURNAL_STREAM");
+  if (!stream) return false;
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return false;
+  unsigned long long device = 0, inode = 0;
+  char tail = 0;
+  if (std::sscanf(stream->c_str(), "%llu:%llu%c", &device, &inode, &tail) != 2) return false;
+  return device == static_cast<unsigned long long>(st.st_dev) &&
+         inode == static_cast<unsigned long long>(st.st_ino);
 }
 
 }  // namespace bcd

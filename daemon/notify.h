@@ -29,4 +29,9 @@ class SystemdNotifier {
   std::optional<std::chrono::microseconds> watchdog_;
 };
 
+// Whether `fd` is the journal stream systemd connected ($JOURNAL_STREAM holds its "device:inode",
+// sd-daemon(3)): lines written there can carry a "<N>" priority prefix that journald turns into
+// the entry's level.
+bool IsJournalStream(int fd, const std::function<std::optional<std::string>(const char*)>& env);
+
 }  // namespace bcd

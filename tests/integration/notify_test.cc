@@ -3,9 +3,11 @@
 
 #include "daemon/notify.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -113,6 +115,67 @@ TEST(SystemdNotify, ReadyAfterTheFirstSessionThenWatchdogThenStopping) {
   kill(node, SIGTERM);
   EXPECT_TRUE(socket.WaitFor("STOPPING=1", 10000));
   EXPECT_EQ(testing::WaitChild(node), 0);
+}
+
+// Under journald (stderr is the stream $JOURNAL_STREAM names) each line carries its syslog
+// priority; anywhere else the lines are bare.
+TEST(SystemdNotify, LogLinesCarryTheirPriorityOnTheJournalStream) {
+  FakeRoot dir;
+  std::string file = (dir.path() / "stderr").string();
+  std::ofstream(file) << "";
+  int fd = open(file.c_str(), O_RDONLY);
+  struct stat st {};
+  ASSERT_EQ(fstat(fd, &st), 0);
+  std::string stream = std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
+  auto env = [](std::string value) {
+    return [value](const char* name) -> std::optional<std::string> {
+      return std::string(name) == "JOURNAL_STREAM" ? std::optional<std::string>(value)
+                                                   : std::nullopt;
+    };
+  };
+  EXPECT_TRUE(IsJournalStream(fd, env(stream)));
+  EXPECT_FALSE(IsJournalStream(fd, env(std::to_string(st.st_dev) + ":1")));
+  EXPECT_FALSE(IsJournalStream(fd, env(stream + "x")));
+  EXPECT_FALSE(IsJournalStream(fd, env("")));
+  close(fd);
+
+  // The real binary, stderr on that file: its lines while it connects and stops.
+  DevPki pki = *DevPki::Create(std::time(nullptr));
+  auto gateway = *DevGateway::Start(pki, {});
+  std::string config_path = (dir.path() / "config.toml").string();
+  std::ofstream(config_path) << gateway->ConfigToml(dir.path() / "state");
+  Config config = *Config::Load(config_path);
+  JoinSpec spec{.evidence = gateway->AddJoinToken("n-1"),
+                .now = [] { return static_cast<int64_t>(std::time(nullptr)); },
+                .sleep = [](std::chrono::seconds) {}};
+  ASSERT_TRUE(JoinFleet(config, spec).ok());
+  for (bool journal : {true, false}) {
+    std::string log = (dir.path() / (journal ? "journal.log" : "plain.log")).string();
+    std::ofstream(log) << "";
+    ASSERT_EQ(stat(log.c_str(), &st), 0);
+    if (journal) {
+      setenv("JOURNAL_STREAM",
+             (std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino)).c_str(), 1);
+    }
+    pid_t node = testing::SpawnChild(
+        {"sh", "-c",
+         "exec " + std::string(BCD_BINARY) + " node --config " + config_path + " 2>>" + log});
+    unsetenv("JOURNAL_STREAM");
+    ASSERT_TRUE(gateway->WaitForWelcomes(journal ? 1 : 2, std::chrono::seconds(20)));
+    kill(node, SIGTERM);
+    EXPECT_EQ(testing::WaitChild(node), 0);
+    std::ifstream in(log);
+    std::string line;
+    int lines = 0;
+    while (std::getline(in, line)) {
+      ++lines;
+      EXPECT_EQ(line.starts_with("<6>level=info ") || line.starts_with("<4>level=warn ") ||
+                    line.starts_with("<3>level=error "),
+                journal)
+          << line;
+    }
+    EXPECT_GT(lines, 0);
+  }
 }
 
 }  // namespace
