@@ -7,9 +7,10 @@ bcd=$1
 dir=$(dirname "$0")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-for unit in bcd-node.service bcd-site.service; do
-  sed "s|/usr/bin/bcd|$bcd|" "$dir/$unit" > "$tmp/$unit"
-  out=$(systemd-analyze verify "$tmp/$unit" 2>&1) || { echo "$unit: $out" >&2; exit 1; }
+for unit in bcd-node.service bcd-site.service ramdisk/bcd-ramdisk.service; do
+  name=$(basename "$unit")
+  sed "s|/usr/bin/bcd|$bcd|" "$dir/$unit" > "$tmp/$name"
+  out=$(systemd-analyze verify "$tmp/$name" 2>&1) || { echo "$unit: $out" >&2; exit 1; }
   if [ -n "$out" ]; then
     echo "$unit: $out" >&2
     exit 1
