@@ -298,8 +298,10 @@ if [ -n "$root" ]; then
   ln -sf "../$unit_name" "$unit_dir/multi-user.target.wants/$unit_name"
   say "enabled $unit_name under $root"
 elif command -v systemctl >/dev/null 2>&1; then
-  if [ "$systemd" = yes ]; then systemctl daemon-reload; fi
-  systemctl enable --quiet "$unit_name"
+  if [ "$systemd" = yes ]; then
+    systemctl daemon-reload || die "systemctl daemon-reload failed"
+  fi
+  systemctl enable --quiet "$unit_name" || die "systemctl enable $unit_name failed"
   say "enabled $unit_name"
 else
   say "no systemctl on this machine: $unit_name is installed but not enabled"

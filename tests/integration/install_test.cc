@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -431,6 +432,89 @@ TEST_F(Install, JoinsTheDevGatewayAndTheInstalledNodeConnects) {
             std::string::npos)
       << again.out;
   EXPECT_EQ(gateway->join_calls(), calls);
+}
+
+// The system install itself, as root without --root: in a private mount namespace where /etc,
+// /usr/local, /var/lib and /run are overlays (what it writes stays in the test's directory), with
+// a systemctl first on PATH that records its calls (systemd does not run here).
+TEST_F(Install, AsRootItInstallsIntoTheSystemEnablesJoinsAndStarts) {
+  if (getuid() != 0) GTEST_SKIP() << "needs root (a mount namespace with overlays)";
+  std::filesystem::path t = dir_.path();
+  std::string probe = "unshare --mount --propagation private true";
+  if (Sh(probe).status != 0) GTEST_SKIP() << "no mount namespaces here";
+  unsetenv("https_proxy");
+  unsetenv("HTTPS_PROXY");
+  DevPki pki = *DevPki::Create(std::time(nullptr));
+  std::unique_ptr<DevGateway> gateway = *DevGateway::Start(pki, {});
+  std::vector<std::string> flags = Minimal();
+  flags[1] = "https://127.0.0.1:" + std::to_string(gateway->port());
+  flags[3] = pki.ServingCaPinHex();
+  flags[5] = gateway->AddJoinToken("system-1");
+  flags.insert(flags.end(), {"--gateway-server-name", DevPki::kGatewayName});
+  std::string script = Generate(flags);
+  dir_.Write("bin/systemctl",
+             "#!/bin/sh\necho \"$*\" >> " + (t / "systemctl.calls").string() + "\n");
+  chmod((t / "bin/systemctl").c_str(), 0755);
+  std::string mounts;
+  for (std::string dir : {"/etc", "/usr/local", "/var/lib", "/run"}) {
+    std::string name = dir.substr(1);
+    std::replace(name.begin(), name.end(), '/', '-');
+    std::filesystem::create_directories(t / "upper" / name);
+    std::filesystem::create_directories(t / "work" / name);
+    mounts += "mount -t overlay overlay -o lowerdir=" + dir +
+              ",upperdir=" + (t / "upper" / name).string() +
+              ",workdir=" + (t / "work" / name).string() + " " + dir + "; ";
+  }
+  std::string out = (t / "out").string();
+  std::string run = "PATH=" + (t / "bin").string() + ":$PATH sh " + script;
+  std::string inside =
+      // Nothing runs unless every overlay is in place: under `set -e`, each mount is a statement.
+      "set -e; " + mounts +
+      "mkdir -p /run/systemd/system; rm -rf /etc/bcd /var/lib/bcd /usr/local/bin/bcd "
+      "/etc/systemd/system/bcd-node.service; " +
+      "if " + run + " > " + out + "-1 2>&1; then echo 0; else echo $?; fi > " + out + "-1.rc; " +
+      "if " + run + " > " + out + "-2 2>&1; then echo 0; else echo $?; fi > " + out + "-2.rc; " +
+      "R=" + (t / "result").string() +
+      "; mkdir $R; cp -a /etc/bcd $R/etc-bcd; cp -a /var/lib/bcd $R/var-lib-bcd; " +
+      "cp -a /usr/local/bin/bcd $R/bin-bcd; cp -a /etc/systemd/system/bcd-node.service $R/";
+  Ran ran = Sh("unshare --mount --propagation private sh -c " + ShellQuote(inside));
+  ASSERT_EQ(ran.status, 0) << ran.out;
+  std::string first = Read(out + "-1");
+  ASSERT_EQ(Read(out + "-1.rc"), "0\n") << first;
+  EXPECT_NE(first.find("wrote /usr/local/bin/bcd"), std::string::npos) << first;
+  EXPECT_NE(first.find("wrote /etc/bcd/config.toml"), std::string::npos) << first;
+  EXPECT_NE(first.find("wrote /etc/systemd/system/bcd-node.service"), std::string::npos) << first;
+  EXPECT_NE(first.find("joined as spiffe://dev.test/site/dev/node/system-1"), std::string::npos);
+  EXPECT_NE(first.find("started bcd-node.service"), std::string::npos) << first;
+  std::string second = Read(out + "-2");
+  ASSERT_EQ(Read(out + "-2.rc"), "0\n") << second;
+  EXPECT_EQ(second.find("wrote"), std::string::npos) << second;
+  EXPECT_NE(second.find("already joined"), std::string::npos) << second;
+  EXPECT_NE(second.find("bcd-node.service is running"), std::string::npos) << second;
+  // Reload and enable each time; restart after the first install, a plain start after the
+  // second (nothing changed).
+  EXPECT_EQ(Read(t / "systemctl.calls"),
+            "daemon-reload\nenable --quiet bcd-node.service\nrestart bcd-node.service\n"
+            "daemon-reload\nenable --quiet bcd-node.service\nstart bcd-node.service\n");
+  EXPECT_EQ(gateway->joins_granted(), 1);
+
+  std::filesystem::path result = t / "result";
+  EXPECT_EQ(Mode(result / "etc-bcd"), 0700u);
+  EXPECT_EQ(Mode(result / "etc-bcd/config.toml"), 0600u);
+  EXPECT_EQ(Mode(result / "var-lib-bcd"), 0700u);
+  EXPECT_EQ(Mode(result / "var-lib-bcd/identity.pem"), 0600u);
+  EXPECT_EQ(Mode(result / "bin-bcd"), 0755u);
+  absl::StatusOr<Config> config = Config::Load(result / "etc-bcd/config.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->state_dir(), "/var/lib/bcd");
+  EXPECT_EQ(Mode(result / "bcd-node.service"), 0644u);
+  std::string packaged = Read(std::string(BCD_SOURCE_DIR) + "/packaging/bcd-node.service");
+  EXPECT_EQ(Read(result / "bcd-node.service"),
+            Replace(packaged, "/usr/bin/bcd", "/usr/local/bin/bcd"));
+  EXPECT_EQ(Read(result / "bin-bcd"), Read(binary_));
+  EXPECT_FALSE(std::filesystem::exists("/etc/bcd/config.toml") &&
+               Read("/etc/bcd/config.toml") == Read(result / "etc-bcd/config.toml"))
+      << "the install escaped the namespace";
 }
 
 TEST_F(Install, ARefusedJoinStopsTheInstallWithAClearMessage) {
