@@ -21,24 +21,9 @@ std::string Quote(const std::string& value) {
 void Logger::Log(LogLevel level, std::string_view event,
                  std::initializer_list<std::pair<std::string_view, std::string>> fields) {
   if (static_cast<int>(level) < static_cast<int>(level_.load()) || out_ == nullptr) return;
-  std::string line;
-  if (priority_prefix_) {
-    // sd-daemon(3) / syslog(3) priorities: debug 7, info 6, warning 4, err 3.
-    switch (level) {
-      case LogLevel::kDebug:
-        line = "<7>";
-        break;
-      case LogLevel::kInfo:
-        line = "<6>";
-        break;
-      case LogLevel::kWarn:
-        line = "<4>";
-        break;
-      case LogLevel::kError:
-        line = "<3>";
-        break;
-    }
-  }
+  // sd-daemon(3) / syslog(3) priorities of debug, info, warn, error: 7, 6, 4, 3.
+  static constexpr std::string_view kPriority[] = {"<7>", "<6>", "<4>", "<3>"};
+  std::string line(priority_prefix_ ? kPriority[static_cast<int>(level)] : "");
   line += "level=" + std::string(LogLevelName(level)) + " event=" + std::string(event);
   for (const auto& [key, value] : fields) line += " " + std::string(key) + "=" + Quote(value);
   line += "\n";

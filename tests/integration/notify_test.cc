@@ -66,6 +66,17 @@ class NotifySocket {
   int fd_ = -1;
 };
 
+// A config for `gateway` in `dir`, its node n-1 joined; "" when the join failed.
+std::string JoinedConfig(const FakeRoot& dir, DevGateway& gateway) {
+  std::string config_path = (dir.path() / "config.toml").string();
+  std::ofstream(config_path) << gateway.ConfigToml(dir.path() / "state");
+  Config config = *Config::Load(config_path);
+  JoinSpec spec{.evidence = gateway.AddJoinToken("n-1"),
+                .now = [] { return static_cast<int64_t>(std::time(nullptr)); },
+                .sleep = [](std::chrono::seconds) {}};
+  return JoinFleet(config, spec).ok() ? config_path : "";
+}
+
 TEST(SystemdNotify, ReadsTheEnvironmentLikeSdNotify) {
   auto env = [](std::map<std::string, std::string> values) {
     return [values](const char* name) -> std::optional<std::string> {
@@ -92,13 +103,8 @@ TEST(SystemdNotify, ReadyAfterTheFirstSessionThenWatchdogThenStopping) {
   FakeRoot dir;
   DevPki pki = *DevPki::Create(std::time(nullptr));
   auto gateway = *DevGateway::Start(pki, {});
-  std::string config_path = (dir.path() / "config.toml").string();
-  std::ofstream(config_path) << gateway->ConfigToml(dir.path() / "state");
-  Config config = *Config::Load(config_path);
-  JoinSpec spec{.evidence = gateway->AddJoinToken("n-1"),
-                .now = [] { return static_cast<int64_t>(std::time(nullptr)); },
-                .sleep = [](std::chrono::seconds) {}};
-  ASSERT_TRUE(JoinFleet(config, spec).ok());
+  std::string config_path = JoinedConfig(dir, *gateway);
+  ASSERT_FALSE(config_path.empty());
   std::string socket_path = (dir.path() / "notify").string();
   NotifySocket socket(socket_path);
   setenv("NOTIFY_SOCKET", socket_path.c_str(), 1);
@@ -142,13 +148,8 @@ TEST(SystemdNotify, LogLinesCarryTheirPriorityOnTheJournalStream) {
   // The real binary, stderr on that file: its lines while it connects and stops.
   DevPki pki = *DevPki::Create(std::time(nullptr));
   auto gateway = *DevGateway::Start(pki, {});
-  std::string config_path = (dir.path() / "config.toml").string();
-  std::ofstream(config_path) << gateway->ConfigToml(dir.path() / "state");
-  Config config = *Config::Load(config_path);
-  JoinSpec spec{.evidence = gateway->AddJoinToken("n-1"),
-                .now = [] { return static_cast<int64_t>(std::time(nullptr)); },
-                .sleep = [](std::chrono::seconds) {}};
-  ASSERT_TRUE(JoinFleet(config, spec).ok());
+  std::string config_path = JoinedConfig(dir, *gateway);
+  ASSERT_FALSE(config_path.empty());
   for (bool journal : {true, false}) {
     std::string log = (dir.path() / (journal ? "journal.log" : "plain.log")).string();
     std::ofstream(log) << "";
