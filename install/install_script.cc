@@ -75,7 +75,7 @@ bool IsHex64(std::string_view text) {
          });
 }
 
-// The config lines; `root` replaces kRoot (for validating the text with Config::Parse).
+// The config lines, kRoot where the install root goes.
 std::vector<std::string> ConfigLines(const InstallOptions& o) {
   std::vector<std::string> lines = {
       "# bcd " + o.role + " config, written by the bcd installer (bcd install-script).",
@@ -85,14 +85,14 @@ std::vector<std::string> ConfigLines(const InstallOptions& o) {
     lines.push_back("gateway_server_name = " + TomlString(*o.gateway_server_name));
   }
   lines.push_back("gateway_ca_spki_sha256 = " + TomlString(o.ca_pin));
-  lines.push_back("state_dir = " + TomlRooted(("/var/lib/bcd")));
+  lines.push_back("state_dir = " + TomlRooted("/var/lib/bcd"));
   lines.push_back("log_level = \"info\"");
   if (o.websocket_url) {
     lines.push_back("");
     lines.push_back("[websocket]");
     lines.push_back("url = " + TomlString(*o.websocket_url));
     if (o.proxy_ca_pem) {
-      lines.push_back("proxy_ca_file = " + TomlRooted(("/etc/bcd/proxy-ca.pem")));
+      lines.push_back("proxy_ca_file = " + TomlRooted("/etc/bcd/proxy-ca.pem"));
     }
   }
   if (!o.release_keys.empty()) {
@@ -103,13 +103,14 @@ std::vector<std::string> ConfigLines(const InstallOptions& o) {
       const std::string& key = o.release_keys[i];
       keys += i == 0 ? "" : ", ";
       keys += IsHex64(key) ? TomlString(key)
-                           : TomlRooted((fmt::format("/etc/bcd/release-keys/{}.pem", i + 1)));
+                           : TomlRooted(fmt::format("/etc/bcd/release-keys/{}.pem", i + 1));
     }
     lines.push_back(keys + "]");
   }
   return lines;
 }
 
+// `line` with the install root in place of kRoot.
 std::string Substituted(std::string_view line, std::string_view root) {
   std::string out;
   for (char c : line) {
@@ -362,7 +363,6 @@ absl::StatusOr<InstallOptions> ParseInstallFlags(
   InstallOptions o;
   std::map<std::string, std::string, std::less<>> single;
   std::vector<std::string> release_keys;
-  std::optional<std::string> proxy_ca_file;
   constexpr std::string_view kFlags[] = {"--gateway-url",   "--ca-pin",
                                          "--token",         "--role",
                                          "--websocket-url", "--proxy-ca-file",
