@@ -1,6 +1,7 @@
 #pragma once
 
-// Certificate issuance, for the dev stack's CAs and tests: bcd itself never issues certificates.
+// Certificate issuance, for the dev stack's CAs and tests. bcd itself issues one certificate only:
+// the throwaway root it hands gRPC so gRPC does not load the system's (transport/tls.cc).
 
 #include <cstdint>
 #include <string>

@@ -19,6 +19,7 @@
 #include "grpcpp/security/tls_credentials_options.h"
 #include "grpcpp/server_builder.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "pki/issue.h"
 #include "pki/keys.h"
 #include "pki/openssl_util.h"
 #include "pki/x509.h"
@@ -144,15 +145,44 @@ std::string VerificationLog::Last() const {
   return last_;
 }
 
+// gRPC's TLS credentials load the system's root store (/etc/ssl/certs: some 140 certificates
+// parsed, about 30 ms of every start, most of process start to Welcome) unless they are handed
+// roots. bcd never lets roots judge the gateway: gRPC's own verification is off and
+// PinnedCaVerifier decides. So gRPC gets one self-signed certificate made at first use, whose key
+// is dropped at once: it can vouch for nothing.
+namespace {
+
+const std::string& UnusedRootPem() {
+  static const std::string* pem = [] {
+    absl::StatusOr<pki::PrivateKey> key = pki::PrivateKey::Generate();
+    if (!key.ok()) return new std::string();
+    absl::StatusOr<pki::Certificate> cert =
+        pki::IssueCertificate({.common_name = "bcd: unused root (the pinned CA decides)",
+                               .not_before = 0,
+                               .not_after = 1,
+                               .is_ca = true},
+                              key->Public(), *key, nullptr);
+    return new std::string(cert.ok() ? cert->Pem() : "");
+  }();
+  return *pem;
+}
+
+}  // namespace
+
 std::shared_ptr<grpc::Channel> MakeChannel(const ChannelSpec& spec) {
   grpc::experimental::TlsChannelCredentialsOptions options;
-  if (spec.identity) {
+  std::vector<grpc::experimental::IdentityKeyCertPair> identity;
+  if (spec.identity) identity.push_back({spec.identity->key_pem, spec.identity->chain_pem});
+  const std::string& roots = UnusedRootPem();
+  if (!roots.empty()) {
     options.set_certificate_provider(
-        std::make_shared<grpc::experimental::StaticDataCertificateProvider>(
-            std::vector<grpc::experimental::IdentityKeyCertPair>{
-                {spec.identity->key_pem, spec.identity->chain_pem}}));
-    options.watch_identity_key_cert_pairs();
+        std::make_shared<grpc::experimental::StaticDataCertificateProvider>(roots, identity));
+    options.watch_root_certs();
+  } else if (spec.identity) {
+    options.set_certificate_provider(
+        std::make_shared<grpc::experimental::StaticDataCertificateProvider>(identity));
   }
+  if (spec.identity) options.watch_identity_key_cert_pairs();
   // No root store at all: the pinned-CA verifier is the only judge of the server.
   options.set_verify_server_certs(false);
   options.set_check_call_host(false);
