@@ -440,8 +440,15 @@ TEST_F(Install, JoinsTheDevGatewayAndTheInstalledNodeConnects) {
 TEST_F(Install, AsRootItInstallsIntoTheSystemEnablesJoinsAndStarts) {
   if (getuid() != 0) GTEST_SKIP() << "needs root (a mount namespace with overlays)";
   std::filesystem::path t = dir_.path();
-  std::string probe = "unshare --mount --propagation private true";
-  if (Sh(probe).status != 0) GTEST_SKIP() << "no mount namespaces here";
+  std::filesystem::create_directories(t / "probe/upper");
+  std::filesystem::create_directories(t / "probe/work");
+  std::string probe =
+      "unshare --mount --propagation private mount -t overlay overlay -o "
+      "lowerdir=/etc,upperdir=" +
+      (t / "probe/upper").string() + ",workdir=" + (t / "probe/work").string() + " /etc";
+  if (Ran ran = Sh(probe); ran.status != 0) {
+    GTEST_SKIP() << "no mount namespace with an overlay here: " << ran.out;
+  }
   unsetenv("https_proxy");
   unsetenv("HTTPS_PROXY");
   DevPki pki = *DevPki::Create(std::time(nullptr));
