@@ -3,7 +3,10 @@
 // and over WebSocket through Debian's tinyproxy (interleaved, run by run), and the RSS and CPU of
 // an idle `bcd node` with a live session.
 //
-//   build/tests/bench/session_bench [runs=9] [idle_seconds=60]
+//   build/tests/bench/session_bench [runs=9] [idle_seconds=60] [other_bcd]
+//
+// With other_bcd (the static build, say: build-static/daemon/bcd), its process start to Welcome
+// over gRPC is measured too, interleaved with this build's, and its idle RSS beside it.
 
 #include <signal.h>
 #include <unistd.h>
@@ -87,6 +90,7 @@ int main(int argc, char** argv) {
   int runs = argc > 1 ? std::atoi(argv[1]) : 9;
   int idle = argc > 2 ? std::atoi(argv[2]) : 60;
   std::string bcd = BCD_BINARY;
+  std::string other = argc > 3 ? argv[3] : "";
   std::string pattern = "/tmp/bcd-bench-XXXXXX";
   std::string dir = mkdtemp(pattern.data());
   DevPki pki = *DevPki::Create(std::time(nullptr));
@@ -118,9 +122,11 @@ int main(int argc, char** argv) {
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   std::vector<double> ws_starts, proxied_starts;
   int welcomes = 0;
-  auto start_to_welcome = [&](const std::string& config, std::vector<double>* into) {
+  std::vector<double> other_starts;
+  auto start_to_welcome = [&](const std::string& config, std::vector<double>* into,
+                              const std::string& binary = "") {
     auto start = Clock::now();
-    pid_t pid = SpawnChild({bcd, "node", "--config", config});
+    pid_t pid = SpawnChild({binary.empty() ? bcd : binary, "node", "--config", config});
     if (!gateway->WaitForWelcomes(++welcomes, std::chrono::seconds(30))) return false;
     into->push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
     kill(pid, SIGTERM);
@@ -131,6 +137,7 @@ int main(int argc, char** argv) {
   for (int i = 0; i < runs; ++i) {
     if (!start_to_welcome(node_config, &starts)) return 1;
     if (!start_to_welcome(ws_config, &ws_starts)) return 1;
+    if (!other.empty() && !start_to_welcome(node_config, &other_starts, other)) return 1;
     setenv("https_proxy", proxy_url.c_str(), 1);  // the child inherits it
     bool proxied = start_to_welcome(ws_config, &proxied_starts);
     unsetenv("https_proxy");
@@ -196,6 +203,19 @@ int main(int argc, char** argv) {
   std::printf("RSS of bcd node with a session: at Welcome %ld KiB, after %d s idle %ld KiB\n",
               rss_start, idle, rss);
   std::printf("CPU while idle for %d s                       %7.3f %% of one core\n", idle, cpu);
+  if (!other.empty()) {
+    pid_t other_pid = SpawnChild({other, "node", "--config", node_config});
+    gateway->WaitForWelcomes(++welcomes, std::chrono::seconds(30));
+    std::this_thread::sleep_for(std::chrono::seconds(idle));
+    auto [other_rss, other_ticks] = Usage(other_pid);
+    kill(other_pid, SIGTERM);
+    WaitChild(other_pid);
+    std::printf(
+        "%s: process start to Welcome over gRPC, median %.1f ms (x%.2f of this build's, same "
+        "runs); RSS after %d s idle %ld KiB (x%.2f)\n",
+        other.c_str(), Median(other_starts), Median(other_starts) / Median(starts), idle, other_rss,
+        static_cast<double>(other_rss) / static_cast<double>(rss));
+  }
   std::filesystem::remove_all(dir);
   return 0;
 }
