@@ -3,7 +3,51 @@
 # fields, contents and modes; the units and example it ships; a stripped binary that runs; the
 # maintainer scripts (run against a DPKG_ROOT, with systemctl recording what it is asked).
 #   check-deb.sh BUILD_DIR VERSION
+# As root, it also installs, reinstalls, removes and purges the package with the real dpkg, in a
+# private mount namespace whose /etc, /usr, /var and /run are overlays (nothing reaches the system).
 set -eu
+
+# Inside that namespace (check-deb.sh --inside TMP DEB): every step's effect, or exit 1 saying what.
+if [ "${1:-}" = --inside ]; then
+  tmp=$2
+  deb=$3
+  for dir in /etc /usr /var /run; do
+    name=$(echo "$dir" | tr / _)
+    mkdir -p "$tmp/ov/$name/upper" "$tmp/ov/$name/work"
+    mount -t overlay overlay \
+      -o "lowerdir=$dir,upperdir=$tmp/ov/$name/upper,workdir=$tmp/ov/$name/work" "$dir"
+  done
+  mkdir -p /run/systemd/system # as if systemd ran: the scripts talk to (our recording) systemctl
+  PATH=$tmp/bin:$PATH
+  export PATH
+  calls() {
+    cat "$tmp/systemctl.calls" 2>/dev/null || true
+    rm -f "$tmp/systemctl.calls"
+  }
+  no() {
+    echo "check-deb: with dpkg: $*" >&2
+    exit 1
+  }
+  dpkg -i "$deb" >"$tmp/dpkg.log" 2>&1 || no "dpkg -i failed: $(cat "$tmp/dpkg.log")"
+  [ "$(calls)" = daemon-reload ] || no "a fresh install did more than daemon-reload"
+  [ "$(stat -c %a /var/lib/bcd)" = 700 ] || no "/var/lib/bcd is $(stat -c %a /var/lib/bcd)"
+  [ "$(stat -c %a /etc/bcd)" = 700 ] || no "/etc/bcd is $(stat -c %a /etc/bcd)"
+  [ ! -e /etc/bcd/config.toml ] || no "the install wrote a config"
+  /usr/bin/bcd version >/dev/null || no "the installed /usr/bin/bcd does not run"
+  [ -f /usr/lib/systemd/system/bcd-node.service ] || no "no bcd-node.service"
+  dpkg -i "$deb" >"$tmp/dpkg.log" 2>&1 || no "dpkg -i again failed: $(cat "$tmp/dpkg.log")"
+  [ "$(calls)" = "daemon-reload
+try-restart bcd-node.service bcd-site.service" ] || no "an upgrade did not just reload and try-restart"
+  echo identity >/var/lib/bcd/identity.pem
+  dpkg -r bcd >"$tmp/dpkg.log" 2>&1 || no "dpkg -r failed: $(cat "$tmp/dpkg.log")"
+  [ "$(calls)" = "stop bcd-node.service bcd-site.service
+daemon-reload" ] || no "a removal did not stop the units and reload"
+  [ ! -e /usr/bin/bcd ] || no "dpkg -r left /usr/bin/bcd"
+  [ -f /var/lib/bcd/identity.pem ] || no "dpkg -r removed the identity (only a purge may)"
+  dpkg -P bcd >"$tmp/dpkg.log" 2>&1 || no "dpkg -P failed: $(cat "$tmp/dpkg.log")"
+  if [ -e /var/lib/bcd ] || [ -e /etc/bcd ]; then no "dpkg -P left /var/lib/bcd or /etc/bcd"; fi
+  exit 0
+fi
 build=$1
 version=$2
 src=$(cd "$(dirname "$0")" && pwd)
@@ -93,4 +137,12 @@ try-restart bcd-node.service bcd-site.service" ] || fail "an upgrade ran: $(cat 
 rm "$tmp/systemctl.calls"
 PATH=$tmp/bin:$PATH DPKG_ROOT=$tmp/root sh "$tmp/control/postrm" purge
 [ ! -e "$tmp/root/var/lib/bcd" ] || fail "purge left /var/lib/bcd"
+
+if [ "$(id -u)" = 0 ] && unshare --mount --propagation private true 2>/dev/null; then
+  unshare --mount --propagation private sh "$0" --inside "$tmp" "$deb" ||
+    fail "installing, removing and purging with dpkg failed (above)"
+  echo "dpkg -i, -i again, -r and -P: ok"
+else
+  echo "not root (or no mount namespaces): the real dpkg install is not checked"
+fi
 echo "package ok"
