@@ -40,8 +40,12 @@
 #include <string>
 #include <vector>
 
+#include "daemon/config.h"
 #include "google/protobuf/util/json_util.h"
+#include "install/install_script.h"
 #include "nlohmann/json.hpp"
+#include "pki/files.h"
+#include "pki/keys.h"
 #include "testing/child_process.h"
 #include "testing/dev_control.h"
 #include "testing/dev_gateway.h"
@@ -64,7 +68,9 @@ int Usage() {
                "                                 --host SECTION/FIELD) [--dir DIR]\n"
                "       bcd-dev exec [--dir DIR] -- CMD [ARG...]\n"
                "       bcd-dev shell [--dir DIR]\n"
-               "       bcd-dev forward [--dir DIR] LOCAL_PORT:[HOST:]PORT\n");
+               "       bcd-dev forward [--dir DIR] LOCAL_PORT:[HOST:]PORT\n"
+               "       bcd-dev install-script [--node ID] [--role node|site] [--bcd PATH] "
+               "[--dir DIR]\n");
   return 2;
 }
 
@@ -149,6 +155,77 @@ int Ask(const std::vector<std::string>& args) {
               outcome.value("state", "") == "SPEC_ACK_STATE_APPLIED" ||
               outcome.value("bound", false);
   return good ? 0 : 1;
+}
+
+// bcd-dev install-script: the installer `bcd install-script` would print for a new machine of the
+// running stack: its gateway and pin from the stack's config.toml, a one-time token for ID from
+// the gateway, and this build's bcd as the binary (file://, with its sha256). Try it with
+// `sh install.sh --root DIR`.
+int InstallScript(const std::vector<std::string>& args) {
+  std::string dir, node = "dev-node-2", role = "node", bcd = BCD_DEFAULT_BINARY;
+  for (std::size_t i = 1; i < args.size(); ++i) {
+    if (i + 1 >= args.size()) return Usage();
+    if (args[i] == "--dir") {
+      dir = args[++i];
+    } else if (args[i] == "--node") {
+      node = args[++i];
+    } else if (args[i] == "--role") {
+      role = args[++i];
+    } else if (args[i] == "--bcd") {
+      bcd = args[++i];
+    } else {
+      return Usage();
+    }
+  }
+  dir = StackDir(dir);
+  if (dir.empty()) return 1;
+  absl::StatusOr<bcd::Config> config =
+      bcd::Config::Load(std::filesystem::path(dir) / "config.toml");
+  if (!config.ok()) {
+    return std::fprintf(stderr, "bcd-dev: %s\n", std::string(config.status().message()).c_str()), 1;
+  }
+  absl::StatusOr<std::string> answer =
+      bcd::testing::AskDevControl(std::filesystem::path(dir) / "dev.sock",
+                                  nlohmann::json{{"op", "token"}, {"node", node}}.dump());
+  nlohmann::json reply =
+      answer.ok() ? nlohmann::json::parse(*answer, nullptr, false) : nlohmann::json();
+  if (!reply.is_object() || !reply.value("ok", false)) {
+    std::string error = !answer.ok()        ? std::string(answer.status().message())
+                        : reply.is_object() ? reply.value("error", *answer)
+                                            : *answer;
+    return std::fprintf(stderr, "bcd-dev: %s\n", error.c_str()), 1;
+  }
+  absl::StatusOr<std::string> binary = bcd::pki::ReadWholeFile(bcd, std::size_t{1} << 30);
+  if (!binary.ok()) {
+    return std::fprintf(stderr, "bcd-dev: %s: %s\n", bcd.c_str(),
+                        std::string(binary.status().message()).c_str()),
+           1;
+  }
+  std::vector<std::string> flags = {"--gateway-url",
+                                    config->gateway_url()->text(),
+                                    "--gateway-server-name",
+                                    config->GatewayServerName(),
+                                    "--ca-pin",
+                                    config->gateway_ca_spki_sha256()->Hex(),
+                                    "--token",
+                                    reply["answer"]["token"],
+                                    "--role",
+                                    role,
+                                    "--binary-url",
+                                    "file://" + std::filesystem::absolute(bcd).string(),
+                                    "--binary-sha256",
+                                    bcd::pki::Hex(bcd::pki::Sha256(*binary))};
+  if (config->websocket())
+    flags.insert(flags.end(), {"--websocket-url", config->websocket()->url.text()});
+  absl::StatusOr<bcd::install::InstallOptions> options = bcd::install::ParseInstallFlags(
+      flags, [](const std::string& path) { return bcd::pki::ReadWholeFile(path, 64 * 1024); });
+  absl::StatusOr<std::string> script =
+      options.ok() ? bcd::install::GenerateInstallScript(*options) : options.status();
+  if (!script.ok()) {
+    return std::fprintf(stderr, "bcd-dev: %s\n", std::string(script.status().message()).c_str()), 1;
+  }
+  std::fputs(script->c_str(), stdout);
+  return 0;
 }
 
 volatile sig_atomic_t resized = 0;
@@ -308,6 +385,7 @@ int main(int argc, char** argv) {
     return Ask(args);
   if (!args.empty() && (args[0] == "exec" || args[0] == "shell" || args[0] == "forward"))
     return TunnelCommand(args);
+  if (!args.empty() && args[0] == "install-script") return InstallScript(args);
   if (args.empty() || args[0] != "up") return Usage();
   std::string dir, protocol = "1..1", bcd = BCD_DEFAULT_BINARY;
   int seconds = 0;

@@ -6,6 +6,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
@@ -180,6 +181,17 @@ std::string DevControlPlane::Handle(const std::string& text, const std::string& 
     answer = Run(node, request["kind"].get<std::string>(), payload, std::chrono::minutes(15));
   } else if (request.is_object() && request.value("op", "") == "spec" && request.contains("spec")) {
     answer = ApplySpec(node, request["spec"].dump(), std::chrono::seconds(30));
+  }
+  if (request.is_object() && request.value("op", "") == "token" && request["node"].is_string()) {
+    // A one-time join token for another node (bcd-dev install-script).
+    std::string id = request["node"];
+    bool valid = !id.empty() && id.size() <= 63 && std::all_of(id.begin(), id.end(), [](char c) {
+      return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-';
+    });
+    if (!valid) {
+      return json{{"ok", false}, {"error", "a node id is 1 to 63 of a-z, 0-9 and -"}}.dump();
+    }
+    answer = json{{"node", id}, {"token", gateway_->AddJoinToken(id)}}.dump();
   }
   if (request.is_object() && request.value("op", "") == "secret" && request["ref"].is_string() &&
       request["value"].is_string()) {

@@ -48,7 +48,8 @@ class DevControlPlane {
   // Serves requests on a unix socket (0600) until destroyed. A request is one JSON object:
   // {"op": "run", "kind": K, "payload": {...}}, {"op": "spec", "spec": {...}} or
   // {"op": "secret", "ref": R, "value": V, "workflow_id"/"step_id"/"allocation_id": ...} (puts a
-  // secret in the dev broker); the answer is {"ok": true, "answer": {...}} or
+  // secret in the dev broker) or {"op": "token", "node": ID} (a one-time join token for ID); the
+  // answer is {"ok": true, "answer": {...}} or
   // {"ok": false, "error": "..."}.
   absl::Status Serve(const std::filesystem::path& socket, const std::string& node);
   // A connection whose first message is a tunnel request ('o', below) becomes an operator's

@@ -91,6 +91,21 @@ TEST(DevStack, RunAndSpecAgainstARunningUp) {
   EXPECT_EQ(shell.status, 4) << shell.out;
   EXPECT_NE(shell.out.find("in-the-shell"), std::string::npos) << shell.out;
 
+  // The installer for a second machine of this stack: a token from the running gateway, the
+  // stack's gateway and pin, this build's bcd; run with --root it joins as that node.
+  std::string script = (dir.path() / "install.sh").string();
+  Ran generated =
+      RunTool(tool + " install-script --node installed-2 --dir " + stack + " > " + script);
+  EXPECT_EQ(generated.status, 0) << generated.out;
+  Ran installed = RunTool("sh " + script + " --root " + (dir.path() / "node-2").string());
+  EXPECT_EQ(installed.status, 0) << installed.out;
+  EXPECT_NE(installed.out.find("joined as spiffe://dev.test/site/dev/node/installed-2"),
+            std::string::npos)
+      << installed.out;
+  Ran bad_id = RunTool(tool + " install-script --node Bad_Id --dir " + stack);
+  EXPECT_EQ(bad_id.status, 1);
+  EXPECT_EQ(bad_id.out, "bcd-dev: a node id is 1 to 63 of a-z, 0-9 and -\n");
+
   // Without --dir, run finds the stack up recorded.
   Ran found = RunTool(tool + " run inventory.refresh");
   EXPECT_EQ(found.status, 0) << found.out;
