@@ -15,6 +15,7 @@
 #include <system_error>
 #include <thread>
 
+#include "absl/strings/str_join.h"
 #include "daemon/config.h"
 #include "daemon/control.h"
 #include "daemon/inventory.h"
@@ -117,9 +118,16 @@ std::optional<Config> LoadConfig(const Flags& flags, const CliEnv& env) {
   return *std::move(config);
 }
 
-int Version(const CliEnv& env) {
-  fmt::print(env.out, "bcd {}\nprotocol {}\ncapabilities: (none)\n", BCD_VERSION,
-             proto::kProtocolVersion.ToString());
+// The capabilities each mode's Hello advertises with this config's transport.
+int Version(const Config& config, const CliEnv& env) {
+  fmt::print(env.out, "bcd {}\nprotocol {}\n", BCD_VERSION, proto::kProtocolVersion.ToString());
+  bool websocket = config.websocket().has_value();
+  for (proto::Mode mode : {proto::Mode::kNode, proto::Mode::kSite}) {
+    std::vector<std::string> capabilities = ModeCapabilities(mode, websocket);
+    fmt::print(env.out, "capabilities ({}): {}\n", proto::ModeName(mode),
+               capabilities.empty() ? "(none: tunnels need the gRPC transport)"
+                                    : absl::StrJoin(capabilities, ", "));
+  }
   return kExitOk;
 }
 
@@ -405,8 +413,9 @@ int RunCli(const std::vector<std::string>& args, const CliEnv& env) {
     fmt::print(env.err, "bcd {}: unknown option \"{}\"\n", command->name, flags->rest.front());
     return kExitUsage;
   }
-  if (!LoadConfig(*flags, env)) return kExitUsage;
-  if (command->name == "version") return Version(env);
+  std::optional<Config> config = LoadConfig(*flags, env);
+  if (!config) return kExitUsage;
+  if (command->name == "version") return Version(*config, env);
   return Inventory(env);
 }
 

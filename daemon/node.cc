@@ -53,6 +53,13 @@ absl::Status ApplyDaemonSection(const bettercompute::agent::v1::DaemonSection& s
 
 }  // namespace
 
+std::vector<std::string> ModeCapabilities(proto::Mode mode, bool websocket) {
+  if (websocket) return {};
+  std::vector<std::string> capabilities = {"tunnel.shell", "tunnel.exec", "tunnel.tcp"};
+  if (mode == proto::Mode::kNode) capabilities.push_back("tunnel.instance-dial");
+  return capabilities;
+}
+
 absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& config,
                                                                proto::Mode mode,
                                                                NodeDaemonEnv env) {
@@ -143,11 +150,7 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
       id.ok()) {
     boot_id = id->substr(0, id->find('\n'));
   }
-  std::vector<std::string> capabilities;
-  if (!websocket) {
-    capabilities = {"tunnel.shell", "tunnel.exec", "tunnel.tcp"};
-    if (mode == proto::Mode::kNode) capabilities.push_back("tunnel.instance-dial");
-  }
+  std::vector<std::string> capabilities = ModeCapabilities(mode, websocket);
   SessionOptions options{
       .role = mode == proto::Mode::kSite ? bettercompute::common::v1::ROLE_SITE
                                          : bettercompute::common::v1::ROLE_NODE,

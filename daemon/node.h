@@ -23,6 +23,10 @@
 
 namespace bcd {
 
+// What Hello advertises in `mode`: the tunnel ops over gRPC (and instance-dial in node mode);
+// nothing over the WebSocket, which refuses tunnels.
+std::vector<std::string> ModeCapabilities(proto::Mode mode, bool websocket);
+
 struct NodeDaemonEnv {
   InventorySources inventory;  // what inventory.refresh reads (root, architecture, runner)
   std::function<int64_t()> now;

@@ -35,8 +35,27 @@ Result RunBcd(std::vector<std::string> args, const std::filesystem::path& root =
 TEST(Cli, VersionPrintsVersionProtocolRangeAndCapabilities) {
   Result r = RunBcd({"version"});
   EXPECT_EQ(r.code, kExitOk);
-  EXPECT_EQ(r.out, std::string("bcd ") + BCD_VERSION + "\nprotocol 1..1\ncapabilities: (none)\n");
+  EXPECT_EQ(r.out, std::string("bcd ") + BCD_VERSION +
+                       "\nprotocol 1..1\n"
+                       "capabilities (node): tunnel.shell, tunnel.exec, tunnel.tcp, "
+                       "tunnel.instance-dial\n"
+                       "capabilities (site): tunnel.shell, tunnel.exec, tunnel.tcp\n");
   EXPECT_EQ(r.err, "");
+}
+
+TEST(Cli, VersionSaysAWebSocketConfigAdvertisesNoTunnels) {
+  FakeRoot dir;
+  dir.Write("config.toml",
+            "gateway_url = \"https://gw.example.net\"\n"
+            "gateway_ca_spki_sha256 = \"" +
+                std::string(64, 'a') +
+                "\"\n"
+                "[websocket]\nurl = \"wss://gw.example.net/v1/session\"\n");
+  Result r = RunBcd({"version", "--config", (dir.path() / "config.toml").string()});
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_NE(r.out.find("capabilities (node): (none: tunnels need the gRPC transport)\n"),
+            std::string::npos)
+      << r.out;
 }
 
 TEST(Cli, InventoryPrintsTheClaimsOfTheRootAsJson) {
