@@ -204,6 +204,12 @@ unit_dir=$root/etc/systemd/system
 unit_name=bcd-$role.service
 unit=$unit_dir/$unit_name
 
+# A machine is a node or a site agent, never both: its identity was issued for one role.
+if [ "$role" = node ]; then other=site; else other=node; fi
+if [ -f "$unit_dir/bcd-$other.service" ]; then
+  die "this machine is installed as a $other ($unit_dir/bcd-$other.service); to make it a $role, first remove that: systemctl disable --now bcd-$other.service, then delete the unit, $etc and $state"
+fi
+
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/bcd-install.XXXXXX") || die "cannot make a temporary directory"
 trap 'rm -rf "$tmp"' EXIT
 trap 'exit 1' HUP INT TERM

@@ -248,6 +248,27 @@ TEST_F(Install, RunningItAgainChangesNothing) {
   EXPECT_EQ(Read(root + "/etc/bcd/config.toml").find("# edited"), std::string::npos);
 }
 
+// A node is not turned into a site agent (or back) by running the other role's installer: its
+// identity was issued for the role it has.
+TEST_F(Install, RefusesToSwitchAMachineToTheOtherRole) {
+  std::string node = Generate(Minimal(), "node.sh");
+  std::vector<std::string> site_flags = Minimal();
+  site_flags.insert(site_flags.end(), {"--role", "site"});
+  std::string site = Generate(site_flags, "site.sh");
+  std::string root = (dir_.path() / "root").string();
+  ASSERT_EQ(Sh("sh " + node + " --root " + root + " --no-join").status, 0);
+  std::string config = Read(root + "/etc/bcd/config.toml");
+  Ran ran = Sh("sh " + site + " --root " + root + " --no-join");
+  EXPECT_EQ(ran.status, 1);
+  EXPECT_NE(ran.out.find("bcd-install: error: this machine is installed as a node (" + root +
+                         "/etc/systemd/system/bcd-node.service); to make it a site, first remove "
+                         "that"),
+            std::string::npos)
+      << ran.out;
+  EXPECT_EQ(Read(root + "/etc/bcd/config.toml"), config);
+  EXPECT_FALSE(std::filesystem::exists(root + "/etc/systemd/system/bcd-site.service"));
+}
+
 TEST_F(Install, AWrongSha256StopsBeforeAnythingIsWritten) {
   std::vector<std::string> flags = Minimal();
   flags.back() = std::string(64, '0');
