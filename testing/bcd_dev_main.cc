@@ -37,6 +37,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,23 @@ std::string StackDir(std::string dir) {
   return dir;
 }
 
+// One request to the stack in `dir`: the answer, or nullopt after saying on stderr what went wrong.
+std::optional<nlohmann::json> AskStack(const std::string& dir, const nlohmann::json& request) {
+  absl::StatusOr<std::string> answer =
+      bcd::testing::AskDevControl(std::filesystem::path(dir) / "dev.sock", request.dump());
+  if (!answer.ok()) {
+    std::fprintf(stderr, "bcd-dev: %s\n", std::string(answer.status().message()).c_str());
+    return std::nullopt;
+  }
+  nlohmann::json reply = nlohmann::json::parse(*answer, nullptr, false);
+  if (!reply.is_object() || !reply.value("ok", false)) {
+    std::string error = reply.is_object() ? reply.value("error", *answer) : *answer;
+    std::fprintf(stderr, "bcd-dev: %s\n", error.c_str());
+    return std::nullopt;
+  }
+  return reply["answer"];
+}
+
 // bcd-dev run / spec: one request to the running stack; exit 0 when the command succeeded or the
 // spec was applied.
 int Ask(const std::vector<std::string>& args) {
@@ -140,20 +158,12 @@ int Ask(const std::vector<std::string>& args) {
   }
   dir = StackDir(dir);
   if (dir.empty()) return 1;
-  absl::StatusOr<std::string> answer =
-      bcd::testing::AskDevControl(std::filesystem::path(dir) / "dev.sock", request.dump());
-  if (!answer.ok())
-    return std::fprintf(stderr, "bcd-dev: %s\n", std::string(answer.status().message()).c_str()), 1;
-  nlohmann::json reply = nlohmann::json::parse(*answer, nullptr, false);
-  if (!reply.is_object() || !reply.value("ok", false)) {
-    std::string error = reply.is_object() ? reply.value("error", *answer) : *answer;
-    return std::fprintf(stderr, "bcd-dev: %s\n", error.c_str()), 1;
-  }
-  std::printf("%s\n", reply["answer"].dump(2).c_str());
-  const nlohmann::json& outcome = reply["answer"];
-  bool good = outcome.value("state", "") == "COMMAND_STATE_SUCCEEDED" ||
-              outcome.value("state", "") == "SPEC_ACK_STATE_APPLIED" ||
-              outcome.value("bound", false);
+  std::optional<nlohmann::json> outcome = AskStack(dir, request);
+  if (!outcome) return 1;
+  std::printf("%s\n", outcome->dump(2).c_str());
+  bool good = outcome->value("state", "") == "COMMAND_STATE_SUCCEEDED" ||
+              outcome->value("state", "") == "SPEC_ACK_STATE_APPLIED" ||
+              outcome->value("bound", false);
   return good ? 0 : 1;
 }
 
@@ -184,17 +194,8 @@ int InstallScript(const std::vector<std::string>& args) {
   if (!config.ok()) {
     return std::fprintf(stderr, "bcd-dev: %s\n", std::string(config.status().message()).c_str()), 1;
   }
-  absl::StatusOr<std::string> answer =
-      bcd::testing::AskDevControl(std::filesystem::path(dir) / "dev.sock",
-                                  nlohmann::json{{"op", "token"}, {"node", node}}.dump());
-  nlohmann::json reply =
-      answer.ok() ? nlohmann::json::parse(*answer, nullptr, false) : nlohmann::json();
-  if (!reply.is_object() || !reply.value("ok", false)) {
-    std::string error = !answer.ok()        ? std::string(answer.status().message())
-                        : reply.is_object() ? reply.value("error", *answer)
-                                            : *answer;
-    return std::fprintf(stderr, "bcd-dev: %s\n", error.c_str()), 1;
-  }
+  std::optional<nlohmann::json> token = AskStack(dir, {{"op", "token"}, {"node", node}});
+  if (!token) return 1;
   absl::StatusOr<std::string> binary = bcd::pki::ReadWholeFile(bcd, std::size_t{1} << 30);
   if (!binary.ok()) {
     return std::fprintf(stderr, "bcd-dev: %s: %s\n", bcd.c_str(),
@@ -208,7 +209,7 @@ int InstallScript(const std::vector<std::string>& args) {
                                     "--ca-pin",
                                     config->gateway_ca_spki_sha256()->Hex(),
                                     "--token",
-                                    reply["answer"]["token"],
+                                    (*token)["token"],
                                     "--role",
                                     role,
                                     "--binary-url",

@@ -107,18 +107,32 @@ std::string SendFrom(const std::string& source, int port, const std::string& req
   return Converse(fd, request);
 }
 
-std::string Converse(int fd, const std::string& request) {
-  for (std::size_t done = 0; done < request.size();) {
-    ssize_t n = write(fd, request.data() + done, request.size() - done);
-    if (n <= 0) break;
-    done += static_cast<std::size_t>(n);
+bool SendAll(int fd, std::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = send(fd, data.data(), data.size(), MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    data.remove_prefix(static_cast<std::size_t>(n));
   }
-  shutdown(fd, SHUT_WR);
-  std::string answer;
+  return true;
+}
+
+std::string ReadToEnd(int fd, std::size_t max) {
+  std::string text;
   char buffer[4096];
-  ssize_t n;
-  while ((n = read(fd, buffer, sizeof buffer)) > 0)
-    answer.append(buffer, static_cast<std::size_t>(n));
+  while (text.size() <= max) {
+    ssize_t n = read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    text.append(buffer, static_cast<std::size_t>(n));
+  }
+  return text;
+}
+
+std::string Converse(int fd, const std::string& request) {
+  SendAll(fd, request);
+  shutdown(fd, SHUT_WR);
+  std::string answer = ReadToEnd(fd);
   close(fd);
   return answer;
 }

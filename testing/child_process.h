@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace bcd::testing {
@@ -27,6 +28,10 @@ bool WaitForLoopbackPort(uint16_t port);
 // 127.0.0.1:`port` and returns everything the server wrote before closing ("" when it would not
 // connect). For servers that answer by source address.
 std::string SendFrom(const std::string& source, int port, const std::string& request);
+// Sends all of `data` on the socket `fd` (no SIGPIPE; EINTR retried); false when the peer is gone.
+bool SendAll(int fd, std::string_view data);
+// Reads `fd` until the peer closes, or until more than `max` bytes have come.
+std::string ReadToEnd(int fd, std::size_t max = std::size_t{1} << 30);
 // Writes `request` to the connected socket `fd`, half-closes it, reads everything until the peer
 // closes, and closes `fd`.
 std::string Converse(int fd, const std::string& request);

@@ -238,19 +238,8 @@ void DevControlPlane::Loop(std::string node) {
       tunnel_threads_.emplace_back([this, fd, node] { ServeTunnel(fd, node); });
       continue;
     }
-    std::string request;
-    char buffer[4096];
-    ssize_t n;
-    while ((n = read(fd, buffer, sizeof buffer)) > 0) {
-      request.append(buffer, static_cast<std::size_t>(n));
-      if (request.size() > (1 << 20)) break;
-    }
-    std::string answer = Handle(request, node) + "\n";
-    for (std::size_t done = 0; done < answer.size();) {
-      ssize_t w = write(fd, answer.data() + done, answer.size() - done);
-      if (w <= 0) break;
-      done += static_cast<std::size_t>(w);
-    }
+    std::string request = ReadToEnd(fd, 1 << 20);
+    SendAll(fd, Handle(request, node) + "\n");
     close(fd);
   }
 }
@@ -342,13 +331,7 @@ bool WriteTunnelMessage(int fd, char type, std::string_view payload) {
   uint32_t length = static_cast<uint32_t>(payload.size());
   for (int i = 0; i < 4; ++i) message[1 + i] = static_cast<char>(length >> (24 - 8 * i));
   message.append(payload);
-  for (std::size_t done = 0; done < message.size();) {
-    ssize_t n = send(fd, message.data() + done, message.size() - done, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    done += static_cast<std::size_t>(n);
-  }
-  return true;
+  return SendAll(fd, message);
 }
 
 bool ReadTunnelMessage(int fd, char* type, std::string* payload) {
