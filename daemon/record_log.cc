@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -14,12 +15,16 @@
 namespace bcd {
 namespace {
 
-std::string Frame(std::string_view record) {
-  return proto::Uint32Be(static_cast<uint32_t>(record.size())) + pki::Sha256(record).substr(0, 4) +
-         std::string(record);
+std::string Check(std::string_view a, std::string_view b = {}) {
+  return pki::Sha256(std::string(a) + std::string(b)).substr(0, 4);
 }
 
-uint32_t ReadU32(const std::string& data, std::size_t at) {
+std::string Frame(std::string_view record) {
+  std::string length = proto::Uint32Be(static_cast<uint32_t>(record.size()));
+  return length + Check(length) + Check(length, record) + std::string(record);
+}
+
+uint32_t ReadU32(std::string_view data, std::size_t at) {
   return (static_cast<uint32_t>(static_cast<unsigned char>(data[at])) << 24) |
          (static_cast<uint32_t>(static_cast<unsigned char>(data[at + 1])) << 16) |
          (static_cast<uint32_t>(static_cast<unsigned char>(data[at + 2])) << 8) |
@@ -30,40 +35,115 @@ absl::Status Errno(std::string_view what, const std::filesystem::path& path) {
   return absl::InternalError(fmt::format("{} {}: {}", what, path.string(), std::strerror(errno)));
 }
 
+absl::Status Damaged(const std::filesystem::path& path, std::string_view what, uint64_t at) {
+  return absl::DataLossError(fmt::format("{}: {} at byte {}", path.string(), what, at));
+}
+
+bool AllZero(std::string_view bytes) {
+  return std::all_of(bytes.begin(), bytes.end(), [](char c) { return c == 0; });
+}
+
+// The format before the magic: uint32_be(length) || check(record) || record. Read strictly: only
+// a header cut short or a last record whose check fails is taken for a torn tail.
+absl::StatusOr<RecordLog::Parsed> ParseLegacy(std::string_view bytes,
+                                              const std::filesystem::path& path) {
+  RecordLog::Parsed parsed;
+  parsed.legacy = true;
+  std::size_t at = 0;
+  while (at < bytes.size()) {
+    std::size_t left = bytes.size() - at;
+    if (left < 8) break;
+    uint32_t length = ReadU32(bytes, at);
+    if (length > RecordLog::kMaxRecord || left < 8 + length) {
+      return Damaged(path, "damaged record length (a log of the earlier format)", at);
+    }
+    std::string_view record = bytes.substr(at + 8, length);
+    if (Check(record) != bytes.substr(at + 4, 4)) {
+      if (left == 8 + length) break;
+      return Damaged(path, "damaged record (a log of the earlier format)", at);
+    }
+    parsed.records.emplace_back(record);
+    parsed.offsets.push_back(at);
+    at += 8 + length;
+  }
+  parsed.kept = at;
+  return parsed;
+}
+
 }  // namespace
+
+absl::StatusOr<RecordLog::Parsed> RecordLog::Parse(std::string_view bytes,
+                                                   const std::filesystem::path& path) {
+  Parsed parsed;
+  if (bytes.size() < kMagic.size()) {
+    // Empty, or the magic cut short when the file was being created: nothing was ever written.
+    if (kMagic.substr(0, bytes.size()) == bytes) return parsed;
+    return Damaged(path, "not a bcd record log", 0);
+  }
+  if (bytes.substr(0, kMagic.size()) != kMagic) {
+    // The earlier format had no magic; its first bytes are a record length under 4 MiB.
+    if (bytes[0] == 0 && ReadU32(bytes, 0) <= kMaxRecord) return ParseLegacy(bytes, path);
+    return Damaged(path, "not a bcd record log", 0);
+  }
+  std::size_t at = kMagic.size();
+  while (at < bytes.size()) {
+    std::string_view rest = bytes.substr(at);
+    if (rest.size() < kHeaderBytes || AllZero(rest)) break;  // torn: a crash mid-append
+    std::string_view length_bytes = rest.substr(0, 4);
+    if (Check(length_bytes) != rest.substr(4, 4)) return Damaged(path, "damaged record header", at);
+    uint32_t length = ReadU32(rest, 0);
+    if (length > kMaxRecord) return Damaged(path, "damaged record header", at);
+    if (rest.size() < kHeaderBytes + length) break;  // the record's bytes never all arrived
+    std::string_view record = rest.substr(kHeaderBytes, length);
+    if (Check(length_bytes, record) != rest.substr(8, 4)) {
+      // Half on disk when the machine stopped, if it is the last; damage if anything follows.
+      if (rest.size() == kHeaderBytes + length) break;
+      return Damaged(path, "damaged record", at);
+    }
+    parsed.records.emplace_back(record);
+    parsed.offsets.push_back(at);
+    at += kHeaderBytes + length;
+  }
+  parsed.kept = at;
+  return parsed;
+}
+
+std::string RecordLog::Serialize(const std::vector<std::string>& records,
+                                 std::vector<uint64_t>* offsets) {
+  std::string data(kMagic);
+  for (const std::string& record : records) {
+    if (offsets != nullptr) offsets->push_back(data.size());
+    data += Frame(record);
+  }
+  return data;
+}
 
 absl::StatusOr<RecordLog> RecordLog::Open(const std::filesystem::path& path,
                                           std::vector<std::string>* records,
                                           std::vector<uint64_t>* offsets) {
   absl::StatusOr<std::string> data = pki::ReadWholeFile(path, 1u << 30);
   if (!data.ok() && !absl::IsNotFound(data.status())) return data.status();
-  std::string bytes = data.ok() ? *data : "";
-  std::size_t at = 0;
-  while (at < bytes.size()) {
-    std::size_t left = bytes.size() - at;
-    if (left < 8) break;  // a torn header: the crash came mid-append
-    uint32_t length = ReadU32(bytes, at);
-    if (length > kMaxRecord) {
-      return absl::DataLossError(
-          fmt::format("{}: damaged record length at byte {}", path.string(), at));
+  absl::StatusOr<Parsed> parsed = Parse(data.ok() ? *data : "", path);
+  if (!parsed.ok()) return parsed.status();
+  if (parsed->legacy || parsed->kept < kMagic.size()) {
+    // New, or of the earlier format: written whole (atomically) in this one, then opened.
+    std::vector<uint64_t> rewritten;
+    if (absl::Status s = pki::AtomicWriteFile(path, Serialize(parsed->records, &rewritten), 0600);
+        !s.ok()) {
+      return s;
     }
-    if (left < 8 + length) break;  // a torn record
-    std::string record = bytes.substr(at + 8, length);
-    if (pki::Sha256(record).substr(0, 4) != bytes.substr(at + 4, 4)) {
-      if (left == 8 + length) break;  // the last record, half on disk when the machine stopped
-      return absl::DataLossError(fmt::format("{}: damaged record at byte {}", path.string(), at));
-    }
-    records->push_back(std::move(record));
-    if (offsets != nullptr) offsets->push_back(at);
-    at += 8 + length;
+    parsed->offsets = std::move(rewritten);
+    parsed->kept = Serialize(parsed->records).size();
   }
-  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) return Errno("cannot open", path);
-  if (ftruncate(fd, static_cast<off_t>(at)) != 0 || lseek(fd, 0, SEEK_END) < 0) {
+  if (ftruncate(fd, static_cast<off_t>(parsed->kept)) != 0 || lseek(fd, 0, SEEK_END) < 0) {
     close(fd);
     return Errno("cannot cut the torn tail of", path);
   }
-  return RecordLog(path, fd, at);
+  for (std::string& record : parsed->records) records->push_back(std::move(record));
+  if (offsets != nullptr) *offsets = std::move(parsed->offsets);
+  return RecordLog(path, fd, parsed->kept);
 }
 
 RecordLog::RecordLog(RecordLog&& other) noexcept
@@ -102,11 +182,7 @@ absl::Status RecordLog::Append(std::string_view record) {
 
 absl::Status RecordLog::Rewrite(const std::vector<std::string>& records,
                                 std::vector<uint64_t>* offsets) {
-  std::string data;
-  for (const std::string& record : records) {
-    if (offsets != nullptr) offsets->push_back(data.size());
-    data += Frame(record);
-  }
+  std::string data = Serialize(records, offsets);
   if (absl::Status s = pki::AtomicWriteFile(path_, data, 0600); !s.ok()) return s;
   int fd = open(path_.c_str(), O_RDWR | O_APPEND | O_CLOEXEC);
   if (fd < 0) return Errno("cannot reopen", path_);
@@ -126,20 +202,21 @@ absl::StatusOr<std::string> RecordLog::Read(uint64_t offset) const {
     }
     return true;
   };
-  std::string header(8, '\0');
-  if (offset + 8 > bytes_ || !read_exactly(header.data(), 8, offset)) {
-    return absl::DataLossError(fmt::format("{}: no record at byte {}", path_.string(), offset));
+  std::string header(kHeaderBytes, '\0');
+  if (offset < kMagic.size() || offset + kHeaderBytes > bytes_ ||
+      !read_exactly(header.data(), kHeaderBytes, offset)) {
+    return Damaged(path_, "no record", offset);
   }
+  std::string_view length_bytes = std::string_view(header).substr(0, 4);
   uint32_t length = ReadU32(header, 0);
-  if (length > kMaxRecord || offset + 8 + length > bytes_) {
-    return absl::DataLossError(
-        fmt::format("{}: damaged record length at byte {}", path_.string(), offset));
+  if (Check(length_bytes) != header.substr(4, 4) || length > kMaxRecord ||
+      offset + kHeaderBytes + length > bytes_) {
+    return Damaged(path_, "damaged record header", offset);
   }
   std::string record(length, '\0');
-  if (!read_exactly(record.data(), length, offset + 8) ||
-      pki::Sha256(record).substr(0, 4) != header.substr(4, 4)) {
-    return absl::DataLossError(
-        fmt::format("{}: damaged record at byte {}", path_.string(), offset));
+  if (!read_exactly(record.data(), length, offset + kHeaderBytes) ||
+      Check(length_bytes, record) != header.substr(8, 4)) {
+    return Damaged(path_, "damaged record", offset);
   }
   return record;
 }

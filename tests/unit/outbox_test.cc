@@ -2,6 +2,7 @@
 
 #include <fstream>
 
+#include "fmt/format.h"
 #include "gtest/gtest.h"
 #include "proto/absl_compat.h"
 #include "tests/unit/fake_root.h"
@@ -24,6 +25,16 @@ std::vector<std::string> Kinds(const Outbox& outbox) {
   std::vector<std::string> kinds;
   for (const auto& frame : outbox.pending()) kinds.push_back(frame.event().kind());
   return kinds;
+}
+
+// Flips one byte of the file at `at`.
+void FlipByte(const std::filesystem::path& path, uint64_t at) {
+  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+  file.seekg(static_cast<std::streamoff>(at));
+  char c = 0;
+  file.get(c);
+  file.seekp(static_cast<std::streamoff>(at));
+  file.put(static_cast<char>(c ^ 0x10));
 }
 
 TEST(RecordLog, KeepsRecordsAcrossReopen) {
@@ -67,13 +78,87 @@ TEST(RecordLog, DamageBeforeTheEndIsDataLossNamingTheOffset) {
     ASSERT_TRUE(log.Append("first").ok());
     ASSERT_TRUE(log.Append("second").ok());
   }
-  std::fstream file(dir.path() / "log", std::ios::in | std::ios::out | std::ios::binary);
-  file.seekp(9);  // inside "first"
-  file.put('X');
-  file.close();
+  std::vector<uint64_t> offsets;
+  { RecordLog log = *RecordLog::Open(dir.path() / "log", &records, &offsets); }
+  FlipByte(dir.path() / "log", offsets[0] + RecordLog::kHeaderBytes + 1);  // inside "first"
   absl::StatusOr<RecordLog> log = RecordLog::Open(dir.path() / "log", &records);
   EXPECT_EQ(log.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(Message(log.status()), (dir.path() / "log").string() + ": damaged record at byte 0");
+  EXPECT_EQ(Message(log.status()), fmt::format("{}: damaged record at byte {}",
+                                               (dir.path() / "log").string(), offsets[0]));
+}
+
+TEST(RecordLog, ADamagedLengthThatRunsPastTheEndIsDataLossNotATornTail) {
+  FakeRoot dir;
+  std::filesystem::path path = dir.path() / "log";
+  std::vector<std::string> records;
+  std::vector<uint64_t> offsets;
+  {
+    RecordLog log = *RecordLog::Open(path, &records);
+    ASSERT_TRUE(log.Append("first").ok());
+    ASSERT_TRUE(log.Append("second").ok());
+  }
+  { RecordLog log = *RecordLog::Open(path, &records, &offsets); }
+  auto size = std::filesystem::file_size(path);
+  FlipByte(path, offsets[0] + 1);  // the first record's length now runs far past the end
+  records.clear();
+  absl::StatusOr<RecordLog> log = RecordLog::Open(path, &records);
+  EXPECT_EQ(log.status().code(), absl::StatusCode::kDataLoss) << "records read: " << records.size();
+  EXPECT_EQ(Message(log.status()),
+            fmt::format("{}: damaged record header at byte {}", path.string(), offsets[0]));
+  EXPECT_EQ(std::filesystem::file_size(path), size) << "nothing was cut";
+}
+
+TEST(RecordLog, ADamagedLastHeaderIsDataLossButAHeaderCutShortIsATornTail) {
+  FakeRoot dir;
+  std::filesystem::path path = dir.path() / "log";
+  std::vector<std::string> records;
+  std::vector<uint64_t> offsets;
+  {
+    RecordLog log = *RecordLog::Open(path, &records);
+    ASSERT_TRUE(log.Append("first").ok());
+    ASSERT_TRUE(log.Append("last one").ok());
+  }
+  { RecordLog log = *RecordLog::Open(path, &records, &offsets); }
+  auto size = std::filesystem::file_size(path);
+  FlipByte(path, offsets[1] + 3);  // the last record's length, one bit off
+  records.clear();
+  EXPECT_EQ(RecordLog::Open(path, &records).status().code(), absl::StatusCode::kDataLoss);
+  FlipByte(path, offsets[1] + 3);                      // mended
+  std::filesystem::resize_file(path, offsets[1] + 5);  // the crash came inside the header
+  records.clear();
+  ASSERT_TRUE(RecordLog::Open(path, &records).ok());
+  EXPECT_EQ(records, std::vector<std::string>{"first"});
+  EXPECT_EQ(std::filesystem::file_size(path), offsets[1]);
+  (void)size;
+}
+
+TEST(RecordLog, ATailOfZerosIsTornButZerosBeforeARecordAreDamage) {
+  FakeRoot dir;
+  std::filesystem::path path = dir.path() / "log";
+  std::vector<std::string> records;
+  std::vector<uint64_t> offsets;
+  {
+    RecordLog log = *RecordLog::Open(path, &records);
+    ASSERT_TRUE(log.Append("first").ok());
+  }
+  auto size = std::filesystem::file_size(path);
+  // A machine crash can leave the file longer than the data that reached the disk: zeros.
+  std::filesystem::resize_file(path, size + 40);
+  records.clear();
+  ASSERT_TRUE(RecordLog::Open(path, &records).ok());
+  EXPECT_EQ(records, std::vector<std::string>{"first"});
+  EXPECT_EQ(std::filesystem::file_size(path), size);
+}
+
+TEST(RecordLog, AFileOfAnotherFormatIsRefusedNotEmptied) {
+  FakeRoot dir;
+  std::filesystem::path path = dir.path() / "log";
+  std::ofstream(path) << "this is not a record log at all, but it is long enough to look like one";
+  auto size = std::filesystem::file_size(path);
+  std::vector<std::string> records;
+  absl::StatusOr<RecordLog> log = RecordLog::Open(path, &records);
+  EXPECT_EQ(log.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(std::filesystem::file_size(path), size);
 }
 
 TEST(Outbox, NumbersEntriesAndKeepsThemUntilAcked) {
