@@ -6,6 +6,7 @@
 #include <zlib.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "fmt/format.h"
@@ -37,20 +38,24 @@ struct TarGzWriter::State {
 
 TarGzWriter::TarGzWriter(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
+const std::filesystem::path& TarGzWriter::path() const { return state_->path; }
+
 TarGzWriter::~TarGzWriter() {
   if (state_->z_open) deflateEnd(&state_->z);
   if (state_->sha != nullptr) EVP_MD_CTX_free(state_->sha);
   if (state_->fd >= 0) close(state_->fd);
 }
 
-absl::StatusOr<std::unique_ptr<TarGzWriter>> TarGzWriter::Create(
-    const std::filesystem::path& path) {
+absl::StatusOr<std::unique_ptr<TarGzWriter>> TarGzWriter::Create(const std::filesystem::path& dir,
+                                                                 std::string_view prefix) {
   auto state = std::make_unique<State>();
-  state->path = path;
-  state->fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  std::string name = (dir / (std::string(prefix) + "XXXXXX.tar.gz")).string();
+  state->fd = mkostemps(name.data(), 7, O_CLOEXEC);  // 0600
   if (state->fd < 0) {
-    return absl::InternalError(fmt::format("{}: {}", path.string(), std::strerror(errno)));
+    return absl::InternalError(
+        fmt::format("cannot create a file in {}: {}", dir.string(), std::strerror(errno)));
   }
+  state->path = name;
   // windowBits 15 + 16: a gzip wrapper rather than zlib's.
   if (deflateInit2(&state->z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) {
     return absl::InternalError("zlib: deflateInit2 failed");

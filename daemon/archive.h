@@ -21,9 +21,12 @@ class TarGzWriter {
     std::string sha256;       // raw 32 bytes, of the .tar.gz
   };
 
-  // Creates `path` (0600), replacing what is there.
-  static absl::StatusOr<std::unique_ptr<TarGzWriter>> Create(const std::filesystem::path& path);
+  // Creates a new file (0600) of a fresh name in `dir` ("<prefix>XXXXXX.tar.gz", mkstemp-style:
+  // never one that exists, never through a name a command chose). The caller removes it.
+  static absl::StatusOr<std::unique_ptr<TarGzWriter>> Create(const std::filesystem::path& dir,
+                                                             std::string_view prefix);
   ~TarGzWriter();
+  const std::filesystem::path& path() const;
 
   // Adds a regular file (mode 0644) with these contents and modification time (unix seconds).
   absl::Status Add(std::string_view name, std::string_view contents, int64_t mtime);

@@ -1,9 +1,13 @@
 #include "daemon/dispatcher.h"
 
+#include <algorithm>
+#include <cctype>
+
 #include "fmt/format.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "pki/envelope.h"
+#include "pki/keys.h"
 #include "proto/absl_compat.h"
 #include "proto/frame_codec.h"
 #include "proto/signing_input.h"
@@ -16,6 +20,7 @@ using Clock = std::chrono::steady_clock;
 struct Dispatcher::Job {
   v1::Command command;
   std::string body;
+  std::string body_sha256;
   const proto::KindSpec* kind = nullptr;
   std::unique_ptr<google::protobuf::Message> payload;
   std::atomic<bool> stop{false};
@@ -66,20 +71,20 @@ v1::CommandUpdate Dispatcher::Update(const std::string& id, v1::CommandState sta
 }
 
 void Dispatcher::Reject(const std::string& id, v1::CommandCode code, const std::string& message,
-                        bool remember) {
+                        const std::optional<std::string>& remember_with_body) {
   v1::CommandUpdate update = Update(id, v1::COMMAND_STATE_REJECTED);
   update.set_code(code);
   update.set_message(message);
   log_->Warn("command.rejected",
              {{"command_id", id}, {"code", v1::CommandCode_Name(code)}, {"message", message}});
-  if (!remember) return hooks_.update(update);
-  Conclude(update);
+  if (!remember_with_body) return hooks_.update(update);
+  Conclude(update, *remember_with_body);
 }
 
-void Dispatcher::Conclude(const v1::CommandUpdate& update) {
+void Dispatcher::Conclude(const v1::CommandUpdate& update, const std::string& body_sha256) {
   auto remember = [&] {
     std::lock_guard<std::mutex> lock(mu_);
-    if (absl::Status s = results_->Remember(update, hooks_.now()); !s.ok()) {
+    if (absl::Status s = results_->Remember(update, hooks_.now(), body_sha256); !s.ok()) {
       log_->Warn("command.not_recorded",
                  {{"command_id", update.command_id()}, {"error", std::string(ToStd(s.message()))}});
     }
@@ -102,8 +107,50 @@ void Dispatcher::ReportInterrupted() {
     v1::CommandUpdate update = Update(id, v1::COMMAND_STATE_FAILED);
     update.set_code(v1::COMMAND_CODE_INTERRUPTED);
     update.set_message("bcd restarted while the command ran");
-    Conclude(update);
+    Conclude(update, "");
   }
+}
+
+namespace {
+
+// Every command expires, and lives no longer than its result is remembered.
+absl::Status CheckLifetime(const v1::Command& command, int64_t now) {
+  int64_t issued = static_cast<int64_t>(std::min<uint64_t>(command.issued_at(), INT64_MAX / 2));
+  int64_t expires = static_cast<int64_t>(std::min<uint64_t>(command.expires_at(), INT64_MAX / 2));
+  if (expires == 0) {
+    return absl::FailedPreconditionError(
+        "the command has no expires_at: bcd runs only commands that expire");
+  }
+  if (expires < now) {
+    return absl::FailedPreconditionError(
+        fmt::format("the command expired at {} (now {})", expires, now));
+  }
+  if (issued == 0 || issued > now + kCommandClockSkew) {
+    return absl::FailedPreconditionError(fmt::format(
+        "issued_at {} is {}: it must be set and at most {} s ahead of this node's clock (now {})",
+        issued, issued == 0 ? "unset" : "in the future", kCommandClockSkew, now));
+  }
+  // A result is remembered for ResultStore::kKeepSeconds after the command ends, so a command
+  // that may still be delivered later than that could run again: its life must be shorter.
+  if (expires - issued > ResultStore::kKeepSeconds || expires - now > ResultStore::kKeepSeconds) {
+    return absl::FailedPreconditionError(fmt::format(
+        "the command lives until {} ({} s after issued_at {}): at most {} s, the time bcd "
+        "remembers a result",
+        expires, expires - issued, issued, ResultStore::kKeepSeconds));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool IsCommandId(std::string_view id) {
+  if (id.empty() || id.size() > kMaxCommandIdBytes ||
+      !std::isalnum(static_cast<unsigned char>(id[0])))
+    return false;
+  return std::all_of(id.begin(), id.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ||
+           c == ':';
+  });
 }
 
 void Dispatcher::Submit(const v1::SignedCommand& signed_command, const pki::TrustState& trust,
@@ -119,36 +166,52 @@ void Dispatcher::Submit(const v1::SignedCommand& signed_command, const pki::Trus
     log_->Warn("command.undecodable", {{"error", "no command_id"}});
     return;
   }
-  std::optional<v1::CommandUpdate> done;
+  // Refusals of what did not verify are answered but not remembered: anyone who can put a frame
+  // on the session could otherwise fill the disk with them. Only a command whose signature
+  // verified has its refusal kept like a result.
+  bool verified = false;
+  std::string body_sha256 = pki::Sha256(signed_command.body());
+  auto refuse = [&](v1::CommandCode code, const std::string& message) {
+    Reject(id, code, message, verified ? std::optional<std::string>(body_sha256) : std::nullopt);
+  };
+  if (!IsCommandId(id)) {
+    return refuse(v1::COMMAND_CODE_INVALID_PAYLOAD,
+                  fmt::format("command_id must be 1 to {} letters, digits and -_.: starting with a "
+                              "letter or digit",
+                              kMaxCommandIdBytes));
+  }
+  std::optional<ResultStore::Stored> done;
   bool in_hand = false, same = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    done = results_->Terminal(id);
+    done = results_->Lookup(id);
     if (auto it = active_.find(id); it != active_.end()) {
       in_hand = true;
       same = it->second->body == signed_command.body();
     }
   }
+  if (done && !done->body_sha256.empty() && done->body_sha256 != body_sha256) {
+    // Not remembered as the id's result: that is the first command's.
+    return refuse(v1::COMMAND_CODE_DUPLICATE,
+                  "a different command with this id was answered before");
+  }
   if (done) {
     log_->Info("command.redelivered", {{"command_id", id}});
-    hooks_.update(*done);  // answered from memory: it never runs twice
+    hooks_.update(done->update);  // answered from memory: it never runs twice
     return;
   }
   if (in_hand && same) return;  // a redelivery of what is queued or running
   if (in_hand) {
-    // Not remembered as the id's result: that is the command in hand's to give.
-    return Reject(id, v1::COMMAND_CODE_DUPLICATE, "a different command with this id is in hand",
-                  /*remember=*/false);
+    return refuse(v1::COMMAND_CODE_DUPLICATE, "a different command with this id is in hand");
   }
   if (command.node_id() != node_id_) {
-    return Reject(
-        id, v1::COMMAND_CODE_WRONG_NODE,
+    return refuse(
+        v1::COMMAND_CODE_WRONG_NODE,
         fmt::format("the command is for node \"{}\", this is \"{}\"", command.node_id(), node_id_));
   }
   int64_t now = hooks_.now();
-  if (command.expires_at() != 0 && static_cast<int64_t>(command.expires_at()) < now) {
-    return Reject(id, v1::COMMAND_CODE_EXPIRED,
-                  fmt::format("the command expired at {} (now {})", command.expires_at(), now));
+  if (absl::Status s = CheckLifetime(command, now); !s.ok()) {
+    return refuse(v1::COMMAND_CODE_EXPIRED, std::string(ToStd(s.message())));
   }
   const proto::KindSpec* kind = proto::FindKind(command.kind());
   bool signing_on = !trust.command_signing_roots().empty();
@@ -158,19 +221,21 @@ void Dispatcher::Submit(const v1::SignedCommand& signed_command, const pki::Trus
     if (absl::Status s = pki::VerifyWithChain(input, signed_command.signature(),
                                               trust.command_signing_roots(), now);
         !s.ok()) {
-      return Reject(id, v1::COMMAND_CODE_BAD_SIGNATURE,
+      return refuse(v1::COMMAND_CODE_BAD_SIGNATURE,
                     fmt::format("signature: {}", ToStd(s.message())));
     }
+    verified = true;
   } else if (signed_only && !signing_on) {
-    return Reject(id, v1::COMMAND_CODE_BAD_SIGNATURE,
+    return refuse(v1::COMMAND_CODE_BAD_SIGNATURE,
                   "this session takes only signed commands and the trust bundle has no "
                   "command-signing roots to verify them with");
   } else if (signed_only || (signing_on && kind != nullptr && kind->Has(proto::kSigned))) {
-    return Reject(id, v1::COMMAND_CODE_UNSIGNED,
+    return refuse(v1::COMMAND_CODE_UNSIGNED,
                   signed_only ? "this session takes only signed commands"
                               : fmt::format("{} commands must be signed", command.kind()));
   }
-  if (kind != nullptr && kind->Has(proto::kQuorum)) {
+  bool quorum = kind != nullptr && kind->Has(proto::kQuorum);
+  if (quorum) {
     absl::Status approved =
         pki::CheckApprovals(signed_command.body(), command, signed_command.approvals(),
                             signed_command.batch_manifest(), node_id_, trust.approvers());
@@ -179,25 +244,17 @@ void Dispatcher::Submit(const v1::SignedCommand& signed_command, const pki::Trus
           approved.code() == absl::StatusCode::kUnauthenticated   ? v1::COMMAND_CODE_BAD_SIGNATURE
           : approved.code() == absl::StatusCode::kInvalidArgument ? v1::COMMAND_CODE_INVALID_PAYLOAD
                                                                   : v1::COMMAND_CODE_QUORUM;
-      return Reject(id, code, std::string(ToStd(approved.message())));
-    }
-    if (command.batch_id().empty() && !trust.approvers().empty()) {
-      absl::Status limited;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        limited = results_->TakeHourly(now, trust.approvers().unbatched_destructive_per_hour());
-      }
-      if (!limited.ok())
-        return Reject(id, v1::COMMAND_CODE_RATE_LIMITED, std::string(ToStd(limited.message())));
+      return refuse(code, std::string(ToStd(approved.message())));
     }
   }
-  if (kind == nullptr || !kind->RunsIn(mode_) || !handlers_.contains(command.kind())) {
-    return Reject(id, v1::COMMAND_CODE_UNSUPPORTED,
+  auto handler = handlers_.find(command.kind());
+  if (kind == nullptr || !kind->RunsIn(mode_) || handler == handlers_.end()) {
+    return refuse(v1::COMMAND_CODE_UNSUPPORTED,
                   fmt::format("kind \"{}\" is not supported by this {} daemon", command.kind(),
                               proto::ModeName(mode_)));
   }
   if (upgrade_required && !kind->Has(proto::kUpgradeOk)) {
-    return Reject(id, v1::COMMAND_CODE_UNSUPPORTED,
+    return refuse(v1::COMMAND_CODE_UNSUPPORTED,
                   "the gateway requires an upgrade: only daemon.upgrade runs until then");
   }
   const google::protobuf::Descriptor* type =
@@ -206,10 +263,44 @@ void Dispatcher::Submit(const v1::SignedCommand& signed_command, const pki::Trus
   job->payload.reset(
       google::protobuf::MessageFactory::generated_factory()->GetPrototype(type)->New());
   if (absl::Status s = proto::DecodeMessage(command.payload(), job->payload.get()); !s.ok()) {
-    return Reject(id, v1::COMMAND_CODE_INVALID_PAYLOAD, std::string(ToStd(s.message())));
+    return refuse(v1::COMMAND_CODE_INVALID_PAYLOAD, std::string(ToStd(s.message())));
+  }
+  if (absl::Status s = handler->second->Validate(command, *job->payload); !s.ok()) {
+    return refuse(v1::COMMAND_CODE_INVALID_PAYLOAD, std::string(ToStd(s.message())));
+  }
+  // Taken only when its result will fit: a command that runs is always remembered.
+  absl::Status room;
+  bool newly_full = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    room = results_->Room(now);
+    newly_full = !room.ok() && !results_full_;
+    results_full_ = !room.ok();
+  }
+  if (!room.ok()) {
+    std::string why(ToStd(room.message()));
+    if (newly_full && hooks_.event) hooks_.event("results.full", why);
+    return Reject(id, v1::COMMAND_CODE_BUSY, why, std::nullopt);
+  }
+  if (quorum && command.batch_id().empty() && !trust.approvers().empty()) {
+    absl::Status limited;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      limited = results_->TakeHourly(now, trust.approvers().unbatched_destructive_per_hour());
+    }
+    if (absl::IsResourceExhausted(limited)) {
+      return refuse(v1::COMMAND_CODE_RATE_LIMITED, std::string(ToStd(limited.message())));
+    }
+    if (!limited.ok()) {
+      return refuse(
+          v1::COMMAND_CODE_INTERNAL,
+          fmt::format("the hourly count of destructive commands could not be recorded: {}",
+                      ToStd(limited.message())));
+    }
   }
   job->kind = kind;
   job->body = signed_command.body();
+  job->body_sha256 = body_sha256;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return;
@@ -264,7 +355,7 @@ void Dispatcher::Cancel(const std::string& command_id, const std::string& reason
 void Dispatcher::Finish(Job& job, v1::CommandUpdate update) {
   log_->Info("command.done", {{"command_id", job.command.command_id()},
                               {"state", v1::CommandState_Name(update.state())}});
-  Conclude(update);
+  Conclude(update, job.body_sha256);
   std::lock_guard<std::mutex> lock(mu_);
   active_.erase(job.command.command_id());
 }

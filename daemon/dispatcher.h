@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -35,8 +36,18 @@ namespace bcd {
 class CommandHandler {
  public:
   virtual ~CommandHandler() = default;
+  // Checks the payload before the command is accepted: an error is the command's refusal
+  // (REJECTED INVALID_PAYLOAD with its message), and it never runs. Runs on the session's thread:
+  // no I/O, nothing that blocks.
+  virtual absl::Status Validate(const bettercompute::agent::v1::Command& command,
+                                const google::protobuf::Message& payload) const {
+    (void)command;
+    (void)payload;
+    return absl::OkStatus();
+  }
   // Runs the command and returns the bytes of its kind's result message. `stop` turns true on
-  // cancel or timeout; a handler checks it and returns soon after. Runs on its lane's thread.
+  // cancel, timeout or shutdown; a handler checks it (and hands it to the blocking calls it makes)
+  // and returns within a second or two. Runs on its lane's thread.
   virtual absl::StatusOr<std::string> Run(const bettercompute::agent::v1::Command& command,
                                           const google::protobuf::Message& payload,
                                           const std::atomic<bool>& stop) = 0;
@@ -50,7 +61,16 @@ struct DispatcherHooks {
                      const std::function<void()>& remember)>
       terminal;
   std::function<int64_t()> now;
+  // An event for the gateway (kind, message): results.full when the result store fills up.
+  std::function<void(const std::string&, const std::string&)> event;
 };
+
+// Tolerated difference between the control plane's clock and this node's, for issued_at.
+inline constexpr int64_t kCommandClockSkew = 300;
+inline constexpr std::size_t kMaxCommandIdBytes = 128;
+// Letters, digits and -_.: (1 to kMaxCommandIdBytes, starting with a letter or digit): an id can
+// never name a path or break a log line.
+bool IsCommandId(std::string_view id);
 
 class Dispatcher {
  public:
@@ -71,11 +91,14 @@ class Dispatcher {
  private:
   struct Job;
   struct Lane;
+  // Sends REJECTED; with `remember_with_body` (the SHA-256 of the command body) it is recorded as
+  // the id's result too.
   void Reject(const std::string& id, bettercompute::agent::v1::CommandCode code,
-              const std::string& message, bool remember = true);
+              const std::string& message, const std::optional<std::string>& remember_with_body);
   void Finish(Job& job, bettercompute::agent::v1::CommandUpdate update);
-  // Sends a terminal update and records it in the result store.
-  void Conclude(const bettercompute::agent::v1::CommandUpdate& update);
+  // Sends a terminal update and records it in the result store with the body's hash.
+  void Conclude(const bettercompute::agent::v1::CommandUpdate& update,
+                const std::string& body_sha256);
   void LaneLoop(Lane* lane);
   void Watch();  // sets `stop` on commands past their deadline
   bettercompute::agent::v1::CommandUpdate Update(
@@ -93,6 +116,7 @@ class Dispatcher {
   std::map<proto::Lane, std::unique_ptr<Lane>> lanes_;  // guarded by mu_
   std::map<std::string, std::shared_ptr<Job>> active_;  // queued or running, by id; guarded by mu_
   bool stopping_ = false;                               // guarded by mu_
+  bool results_full_ = false;  // guarded by mu_: results.full was reported and still holds
   std::thread watchdog_;
 };
 

@@ -25,11 +25,9 @@ absl::StatusOr<std::string> InventoryRefreshHandler::Run(const bettercompute::ag
 
 namespace v1 = bettercompute::agent::v1;
 
-absl::StatusOr<std::string> LogsCollectHandler::Run(const v1::Command& command,
-                                                    const google::protobuf::Message& message,
-                                                    const std::atomic<bool>& stop) {
+absl::Status LogsCollectHandler::Validate(const v1::Command&,
+                                          const google::protobuf::Message& message) const {
   const auto& payload = static_cast<const v1::LogsCollectPayload&>(message);
-  constexpr uint64_t kDefaultBudget = 64u << 20, kMaxBudget = 1u << 30;
   if (payload.upload_url().empty()) return absl::InvalidArgumentError("upload_url is empty");
   for (const std::string& unit : payload.journal_units()) {
     if (!IsUnitName(unit) || unit.size() > 80) {
@@ -37,6 +35,17 @@ absl::StatusOr<std::string> LogsCollectHandler::Run(const v1::Command& command,
           fmt::format("journal unit \"{}\" is not a systemd unit name", unit));
     }
   }
+  UploadRequest upload{.url = payload.upload_url()};
+  for (const auto& [name, value] : payload.upload_headers()) upload.headers[name] = value;
+  return CheckUploadRequest(upload);
+}
+
+absl::StatusOr<std::string> LogsCollectHandler::Run(const v1::Command& command,
+                                                    const google::protobuf::Message& message,
+                                                    const std::atomic<bool>& stop) {
+  (void)command;
+  const auto& payload = static_cast<const v1::LogsCollectPayload&>(message);
+  constexpr uint64_t kDefaultBudget = 64u << 20, kMaxBudget = 1u << 30;
   uint64_t budget = payload.max_bytes() == 0 ? kDefaultBudget
                                              : std::min<uint64_t>(payload.max_bytes(), kMaxBudget);
   std::vector<std::string> since;
@@ -56,16 +65,16 @@ absl::StatusOr<std::string> LogsCollectHandler::Run(const v1::Command& command,
     sources.emplace_back("dmesg.txt",
                          std::vector<std::string>{sources_.dmesg, "--time-format", "iso"});
 
-  std::filesystem::path path = sources_.work_dir / ("logs-" + command.command_id() + ".tar.gz");
+  absl::StatusOr<std::unique_ptr<TarGzWriter>> archive =
+      TarGzWriter::Create(sources_.work_dir, ".logs-");
+  if (!archive.ok()) return archive.status();
   struct Cleanup {
     std::filesystem::path path;
     ~Cleanup() {
       std::error_code ec;
       std::filesystem::remove(path, ec);
     }
-  } cleanup{path};
-  absl::StatusOr<std::unique_ptr<TarGzWriter>> archive = TarGzWriter::Create(path);
-  if (!archive.ok()) return archive.status();
+  } cleanup{(*archive)->path()};
   v1::LogsCollectResult result;
   std::string errors;
   int64_t now = sources_.now();
@@ -77,7 +86,9 @@ absl::StatusOr<std::string> LogsCollectHandler::Run(const v1::Command& command,
       continue;
     }
     bool truncated = false;
-    absl::StatusOr<std::string> text = RunCapped(argv, std::chrono::minutes(2), budget, &truncated);
+    absl::StatusOr<std::string> text =
+        RunCapped(argv, std::chrono::minutes(2), budget, &truncated, &stop);
+    if (stop) return absl::CancelledError("stopped while collecting");
     if (!text.ok()) {
       errors += fmt::format("{}: {}\n", name, ToStd(text.status().message()));
       continue;
@@ -94,7 +105,7 @@ absl::StatusOr<std::string> LogsCollectHandler::Run(const v1::Command& command,
   absl::StatusOr<TarGzWriter::Summary> summary = (*archive)->Finish();
   if (!summary.ok()) return summary.status();
   if (stop) return absl::CancelledError("stopped before the upload");
-  UploadRequest upload{.url = payload.upload_url(), .file = path};
+  UploadRequest upload{.url = payload.upload_url(), .file = cleanup.path, .stop = &stop};
   for (const auto& [name, value] : payload.upload_headers()) upload.headers[name] = value;
   if (absl::Status s = upload_(upload); !s.ok()) return s;
   result.set_size_bytes(summary->size_bytes);
@@ -102,17 +113,23 @@ absl::StatusOr<std::string> LogsCollectHandler::Run(const v1::Command& command,
   return result.SerializeAsString();
 }
 
-absl::StatusOr<std::string> NodeRebootHandler::Run(const v1::Command&,
-                                                   const google::protobuf::Message& message,
-                                                   const std::atomic<bool>&) {
+absl::Status NodeRebootHandler::Validate(const v1::Command&,
+                                         const google::protobuf::Message& message) const {
   const auto& payload = static_cast<const v1::NodeRebootPayload&>(message);
   if (payload.delay_seconds() > 3600) {
     return absl::InvalidArgumentError(
         fmt::format("delay_seconds {} is over an hour", payload.delay_seconds()));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> NodeRebootHandler::Run(const v1::Command&,
+                                                   const google::protobuf::Message& message,
+                                                   const std::atomic<bool>&) {
+  const auto& payload = static_cast<const v1::NodeRebootPayload&>(message);
   v1::NodeRebootResult result;
-  result.set_scheduled_at(static_cast<uint64_t>(now_() + payload.delay_seconds()));
-  schedule_(std::chrono::seconds(payload.delay_seconds()), payload.reason());
+  result.set_scheduled_at(static_cast<uint64_t>(
+      schedule_(std::chrono::seconds(payload.delay_seconds()), payload.reason())));
   return result.SerializeAsString();
 }
 

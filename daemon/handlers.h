@@ -47,6 +47,8 @@ class LogsCollectHandler final : public CommandHandler {
   using Upload = std::function<absl::Status(const struct UploadRequest&)>;
   LogsCollectHandler(LogSources sources, Upload upload)
       : sources_(std::move(sources)), upload_(std::move(upload)) {}
+  absl::Status Validate(const bettercompute::agent::v1::Command& command,
+                        const google::protobuf::Message& payload) const override;
   absl::StatusOr<std::string> Run(const bettercompute::agent::v1::Command& command,
                                   const google::protobuf::Message& payload,
                                   const std::atomic<bool>& stop) override;
@@ -56,20 +58,21 @@ class LogsCollectHandler final : public CommandHandler {
   Upload upload_;
 };
 
-// node.reboot: answers with the time the reboot is due and hands it to `schedule`, which runs the
-// configured reboot command once the result has reached the gateway (node.cc).
+// node.reboot: hands the delay to `schedule`, which runs the configured reboot command once the
+// delay has passed and the result has reached the gateway (node.cc), and answers with the time it
+// is due (an earlier reboot still due is the one that happens: the node reboots once).
 class NodeRebootHandler final : public CommandHandler {
  public:
-  NodeRebootHandler(std::function<int64_t()> now,
-                    std::function<void(std::chrono::seconds delay, std::string reason)> schedule)
-      : now_(std::move(now)), schedule_(std::move(schedule)) {}
+  using Schedule = std::function<int64_t(std::chrono::seconds delay, std::string reason)>;
+  explicit NodeRebootHandler(Schedule schedule) : schedule_(std::move(schedule)) {}
+  absl::Status Validate(const bettercompute::agent::v1::Command& command,
+                        const google::protobuf::Message& payload) const override;
   absl::StatusOr<std::string> Run(const bettercompute::agent::v1::Command& command,
                                   const google::protobuf::Message& payload,
                                   const std::atomic<bool>& stop) override;
 
  private:
-  std::function<int64_t()> now_;
-  std::function<void(std::chrono::seconds, std::string)> schedule_;
+  Schedule schedule_;
 };
 
 }  // namespace bcd

@@ -26,9 +26,22 @@ void Logger::Log(LogLevel level, std::string_view event,
   std::string line(priority_prefix_ ? kPriority[static_cast<int>(level)] : "");
   line += "level=" + std::string(LogLevelName(level)) + " event=" + std::string(event);
   for (const auto& [key, value] : fields) line += " " + std::string(key) + "=" + Quote(value);
-  line += "\n";
   std::lock_guard<std::mutex> lock(mu_);
-  *out_ << line << std::flush;
+  if (level >= LogLevel::kWarn) {
+    auto now = clock_();
+    auto [it, fresh] = windows_.try_emplace(std::string(event), Window{now});
+    Window& window = it->second;
+    if (now - window.start >= kWindow) {
+      if (window.suppressed > 0) line += " suppressed=" + std::to_string(window.suppressed);
+      window = Window{now};
+    }
+    if (window.lines >= kBurst) {
+      ++window.suppressed;
+      return;
+    }
+    ++window.lines;
+  }
+  *out_ << line << "\n" << std::flush;
 }
 
 std::string Logger::Text() {

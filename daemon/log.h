@@ -3,9 +3,17 @@
 // Structured log lines on a stream (stderr under systemd, where journald keeps them):
 //   level=info event=session.welcome session_id=s-1 version=1
 // Values with spaces or quotes are quoted. Never pass a secret, key or token as a value.
+//
+// Warnings and errors are limited per event: at most kBurst lines of one event a minute; the rest
+// are counted, and the next line of that event after the minute says how many were left out
+// (suppressed=N). Whatever a peer keeps sending, the journal grows by a bounded amount.
 
 #include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
 #include <initializer_list>
+#include <map>
 #include <mutex>
 #include <ostream>
 #include <string>
@@ -18,7 +26,15 @@ namespace bcd {
 
 class Logger {
  public:
+  static constexpr int kBurst = 20;
+  static constexpr std::chrono::seconds kWindow{60};
+
   Logger(std::ostream* out, LogLevel level) : out_(out), level_(level) {}
+  // The clock of the per-event limit (tests step it).
+  void set_clock(std::function<std::chrono::steady_clock::time_point()> clock) {
+    std::lock_guard<std::mutex> lock(mu_);
+    clock_ = std::move(clock);
+  }
   void set_level(LogLevel level) { level_ = level; }
   // Under journald: each line starts with its syslog priority ("<6>" for info), which journald
   // strips and keeps as the entry's level (journalctl -p warning shows warnings and errors).
@@ -43,8 +59,16 @@ class Logger {
   }
 
  private:
+  struct Window {
+    std::chrono::steady_clock::time_point start;
+    int lines = 0;
+    uint64_t suppressed = 0;
+  };
   std::mutex mu_;
   std::ostream* out_;  // guarded by mu_
+  std::function<std::chrono::steady_clock::time_point()> clock_ =
+      std::chrono::steady_clock::now;                   // guarded by mu_
+  std::map<std::string, Window, std::less<>> windows_;  // guarded by mu_: warn and error events
   std::atomic<LogLevel> level_;
   std::atomic<bool> priority_prefix_{false};
 };

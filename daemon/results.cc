@@ -10,8 +10,10 @@ namespace v1 = bettercompute::agent::v1;
 
 namespace {
 
-// Records: "R" id '\0' kind (running), "T" uint64_be(time) update-bytes (terminal), or
-// "H" uint64_be(time) (one unbatched destructive command counted against the hourly limit).
+// Records: "R" id '\0' kind (running); "B" uint64_be(time) sha256(body) update-bytes (terminal,
+// with the SHA-256 of the command body it answers), or "T" uint64_be(time) update-bytes (terminal,
+// recorded before bodies were hashed); "H" uint64_be(time) (one unbatched destructive command
+// counted against the hourly limit).
 std::string RunningRecord(const std::string& id, const std::string& kind) {
   return "R" + id + '\0' + kind;
 }
@@ -24,14 +26,29 @@ int64_t TimeOf(const std::string& record) {
   return time;
 }
 
+// The update and body hash of a terminal record; nullopt when it is not one.
+std::optional<ResultStore::Stored> ParseTerminal(const std::string& record) {
+  ResultStore::Stored stored;
+  if (record.size() >= 41 && record[0] == 'B') {
+    stored.body_sha256 = record.substr(9, 32);
+    if (stored.body_sha256 == std::string(32, '\0')) stored.body_sha256.clear();  // none given
+    if (!stored.update.ParseFromString(record.substr(41))) return std::nullopt;
+    return stored;
+  }
+  if (record.size() >= 9 && record[0] == 'T' && stored.update.ParseFromString(record.substr(9)))
+    return stored;
+  return std::nullopt;
+}
+
 }  // namespace
 
-absl::StatusOr<ResultStore> ResultStore::Open(const std::filesystem::path& dir, int64_t now) {
+absl::StatusOr<ResultStore> ResultStore::Open(const std::filesystem::path& dir, int64_t now,
+                                              ResultLimits limits) {
   std::vector<std::string> records;
   std::vector<uint64_t> offsets;
   absl::StatusOr<RecordLog> log = RecordLog::Open(dir / "results.log", &records, &offsets);
   if (!log.ok()) return log.status();
-  ResultStore store(*std::move(log));
+  ResultStore store(*std::move(log), limits);
   store.records_ = records.size();
   for (std::size_t i = 0; i < records.size(); ++i) {
     const std::string& r = records[i];
@@ -44,13 +61,14 @@ absl::StatusOr<ResultStore> ResultStore::Open(const std::filesystem::path& dir, 
       store.hourly_.Restore(TimeOf(r));
       continue;
     }
-    v1::CommandUpdate update;
-    if (r.size() < 9 || r[0] != 'T' || !update.ParseFromString(r.substr(9))) {
+    std::optional<Stored> terminal = ParseTerminal(r);
+    if (!terminal) {
       return absl::DataLossError(
           fmt::format("{}: record {} is not a command result", (dir / "results.log").string(), i));
     }
-    store.running_.erase(update.command_id());
-    store.Index(update.command_id(), {TimeOf(r), offsets[i]});
+    const std::string& id = terminal->update.command_id();
+    store.running_.erase(id);
+    store.Index(id, {TimeOf(r), offsets[i]});
   }
   if (absl::Status s = store.Compact(now); !s.ok()) return s;
   return store;
@@ -70,31 +88,43 @@ void ResultStore::Index(const std::string& command_id, Entry entry) {
   auto [it, fresh] = terminal_.try_emplace(std::hash<std::string>()(command_id), entry);
   if (fresh) return;
   // The hash is taken: by this id (a newer result) or, very rarely, by another one.
-  absl::StatusOr<v1::CommandUpdate> held = ReadTerminal(it->second);
-  if (held.ok() && held->command_id() != command_id) {
+  absl::StatusOr<Stored> held = ReadTerminal(it->second);
+  if (held.ok() && held->update.command_id() != command_id) {
     overflow_[command_id] = entry;
   } else {
     it->second = entry;
   }
 }
 
-absl::StatusOr<v1::CommandUpdate> ResultStore::ReadTerminal(const Entry& entry) const {
+absl::StatusOr<ResultStore::Stored> ResultStore::ReadTerminal(const Entry& entry) const {
   absl::StatusOr<std::string> record = log_.Read(entry.offset);
   if (!record.ok()) return record.status();
-  v1::CommandUpdate update;
-  if (record->size() < 9 || (*record)[0] != 'T' || !update.ParseFromString(record->substr(9))) {
+  std::optional<Stored> stored = ParseTerminal(*record);
+  if (!stored) {
     return absl::DataLossError(fmt::format("results: no command result at byte {}", entry.offset));
   }
-  return update;
+  return *std::move(stored);
 }
 
-absl::Status ResultStore::Compact(int64_t now) {
+absl::Status ResultStore::Room(int64_t now) {
+  auto full = [&] { return size() >= limits_.max_entries || log_.bytes() >= limits_.max_bytes; };
+  if (full()) {
+    if (absl::Status s = Compact(now, /*force=*/true); !s.ok()) return s;
+  }
+  if (!full()) return absl::OkStatus();
+  return absl::ResourceExhaustedError(fmt::format(
+      "the result store is full ({} results of the last 24 h, {} bytes; the limits are {} and {}): "
+      "commands are refused until older results are forgotten",
+      size(), log_.bytes(), limits_.max_entries, limits_.max_bytes));
+}
+
+absl::Status ResultStore::Compact(int64_t now, bool force) {
   auto expired = [&](const auto& item) { return item.second.time + kKeepSeconds < now; };
   absl::erase_if(terminal_, expired);
   std::erase_if(overflow_, expired);
   std::size_t live = running_.size() + size() + hourly_.taken().size();
   last_compacted_ = now;
-  if (records_ <= live + live / 2 + 64) return absl::OkStatus();  // not worth a rewrite
+  if (!force && records_ <= live + live / 2 + 64) return absl::OkStatus();  // not worth a rewrite
   std::vector<std::string> keep;
   for (const auto& [id, kind] : running_) keep.push_back(RunningRecord(id, kind));
   for (int64_t at : hourly_.taken())
@@ -115,13 +145,19 @@ absl::Status ResultStore::Compact(int64_t now) {
   return absl::OkStatus();
 }
 
-std::optional<v1::CommandUpdate> ResultStore::Terminal(const std::string& command_id) const {
+std::optional<ResultStore::Stored> ResultStore::Lookup(const std::string& command_id) const {
   const Entry* entry = Find(command_id);
   if (entry == nullptr) return std::nullopt;
-  absl::StatusOr<v1::CommandUpdate> update = ReadTerminal(*entry);
+  absl::StatusOr<Stored> stored = ReadTerminal(*entry);
   // A result that cannot be read back is not an answer; the caller treats the id as new.
-  if (!update.ok() || update->command_id() != command_id) return std::nullopt;
-  return *std::move(update);
+  if (!stored.ok() || stored->update.command_id() != command_id) return std::nullopt;
+  return *std::move(stored);
+}
+
+std::optional<v1::CommandUpdate> ResultStore::Terminal(const std::string& command_id) const {
+  std::optional<Stored> stored = Lookup(command_id);
+  if (!stored) return std::nullopt;
+  return std::move(stored->update);
 }
 
 absl::Status ResultStore::MarkRunning(const std::string& command_id, const std::string& kind) {
@@ -131,9 +167,13 @@ absl::Status ResultStore::MarkRunning(const std::string& command_id, const std::
   return absl::OkStatus();
 }
 
-absl::Status ResultStore::Remember(const v1::CommandUpdate& terminal, int64_t now) {
+absl::Status ResultStore::Remember(const v1::CommandUpdate& terminal, int64_t now,
+                                   std::string_view body_sha256) {
   uint64_t offset = log_.bytes();
-  if (absl::Status s = log_.Append(TimedRecord('T', now, terminal.SerializeAsString())); !s.ok())
+  std::string hash(body_sha256);
+  hash.resize(32, '\0');  // none given: zeros, which no body hashes to
+  if (absl::Status s = log_.Append(TimedRecord('B', now, hash + terminal.SerializeAsString()));
+      !s.ok())
     return s;
   ++records_;
   running_.erase(terminal.command_id());

@@ -22,21 +22,38 @@
 
 namespace bcd {
 
+struct ResultLimits {
+  std::size_t max_entries = 200000;          // results of the last 24 h
+  uint64_t max_bytes = uint64_t{256} << 20;  // of results.log after compaction
+};
+
 class ResultStore {
  public:
   static constexpr int64_t kKeepSeconds = 24 * 3600;
 
-  static absl::StatusOr<ResultStore> Open(const std::filesystem::path& dir, int64_t now);
+  static absl::StatusOr<ResultStore> Open(const std::filesystem::path& dir, int64_t now,
+                                          ResultLimits limits = {});
 
-  // The terminal update of `command_id`, if it finished within the last 24 h.
+  // The terminal update of `command_id`, if it finished within the last 24 h, and the SHA-256 of
+  // the command body it answered ("" for results recorded without one).
+  struct Stored {
+    bettercompute::agent::v1::CommandUpdate update;
+    std::string body_sha256;
+  };
+  std::optional<Stored> Lookup(const std::string& command_id) const;
   std::optional<bettercompute::agent::v1::CommandUpdate> Terminal(
       const std::string& command_id) const;
+  // OK while another result fits; ResourceExhausted saying what is full once the limits are
+  // reached (after forgetting what is past its day). A command is taken only when its result will
+  // fit, so one that runs is always remembered.
+  absl::Status Room(int64_t now);
   bool Running(const std::string& command_id) const { return running_.contains(command_id); }
   // Ids that were running when the daemon last stopped (or are running now), with their kinds.
   const std::map<std::string, std::string>& running() const { return running_; }
 
   absl::Status MarkRunning(const std::string& command_id, const std::string& kind);
-  absl::Status Remember(const bettercompute::agent::v1::CommandUpdate& terminal, int64_t now);
+  absl::Status Remember(const bettercompute::agent::v1::CommandUpdate& terminal, int64_t now,
+                        std::string_view body_sha256 = {});
   // Records the terminal updates in `pending` (the outbox after a restart) of commands with no
   // result here: they finished and their update reached the outbox when the daemon stopped, before
   // the result was recorded here. Returns how many it recorded.
@@ -48,11 +65,12 @@ class ResultStore {
   std::size_t size() const { return terminal_.size() + overflow_.size(); }
 
  private:
-  explicit ResultStore(RecordLog log) : log_(std::move(log)) {}
+  ResultStore(RecordLog log, ResultLimits limits) : log_(std::move(log)), limits_(limits) {}
   // Forgets results older than a day and rewrites the log without them and without superseded
-  // records.
-  absl::Status Compact(int64_t now);
+  // records (when that pays, or always with `force`).
+  absl::Status Compact(int64_t now, bool force = false);
   RecordLog log_;
+  ResultLimits limits_;
   std::map<std::string, std::string> running_;  // id -> kind
   struct Entry {
     int64_t time;     // when it was recorded
@@ -62,7 +80,7 @@ class ResultStore {
   // first) the overflow map.
   const Entry* Find(const std::string& command_id) const;
   void Index(const std::string& command_id, Entry entry);
-  absl::StatusOr<bettercompute::agent::v1::CommandUpdate> ReadTerminal(const Entry& entry) const;
+  absl::StatusOr<Stored> ReadTerminal(const Entry& entry) const;
   absl::flat_hash_map<uint64_t, Entry> terminal_;  // by hash of the command id
   std::map<std::string, Entry> overflow_;          // ids whose hash was taken by another id
   pki::HourlyLimit hourly_;

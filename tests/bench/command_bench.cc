@@ -105,6 +105,7 @@ std::pair<double, double> DispatchInProcess(const DevPki& pki, const std::string
     command.set_command_id("d-" + std::to_string(i));
     command.set_node_id("bench");
     command.set_kind("inventory.refresh");
+    command.set_issued_at(static_cast<uint64_t>(std::time(nullptr)));
     command.set_expires_at(static_cast<uint64_t>(std::time(nullptr)) + 3600);
     v1::SignedCommand signed_command = pki.SignCommand(command);
     auto start = Clock::now();

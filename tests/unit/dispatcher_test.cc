@@ -1,10 +1,16 @@
 #include "daemon/dispatcher.h"
 
+#include <signal.h>
+#include <sys/resource.h>
+
 #include <condition_variable>
+#include <filesystem>
 #include <sstream>
 
+#include "fmt/format.h"
 #include "gtest/gtest.h"
 #include "pki/envelope.h"
+#include "pki/keys.h"
 #include "proto/signing_input.h"
 #include "testing/dev_pki.h"
 #include "tests/unit/fake_root.h"
@@ -71,7 +77,12 @@ class DispatcherTest : public ::testing::Test {
                               updates_.push_back(u);
                               cv_.notify_all();
                             },
-                        .now = [] { return static_cast<int64_t>(std::time(nullptr)); }},
+                        .now = [] { return static_cast<int64_t>(std::time(nullptr)); },
+                        .event =
+                            [this](const std::string& kind, const std::string& message) {
+                              std::lock_guard<std::mutex> lock(mu_);
+                              events_.emplace_back(kind, message);
+                            }},
         &log_);
     auto handler = std::make_unique<BlockingHandler>();
     handler_ = handler.get();
@@ -81,13 +92,27 @@ class DispatcherTest : public ::testing::Test {
     dispatcher_->Register("node.reboot", std::move(reboot));
   }
 
-  v1::SignedCommand Signed(const std::string& id, const std::string& kind, uint32_t timeout = 0) {
+  v1::Command Make(const std::string& id, const std::string& kind, uint32_t timeout = 0) {
     v1::Command command;
     command.set_command_id(id);
     command.set_node_id("n-1");
     command.set_kind(kind);
     command.set_timeout_seconds(timeout);
-    return pki_.SignCommand(command);
+    command.set_issued_at(static_cast<uint64_t>(issued_at_));
+    command.set_expires_at(static_cast<uint64_t>(issued_at_ + 3600));
+    return command;
+  }
+  v1::SignedCommand Signed(const std::string& id, const std::string& kind, uint32_t timeout = 0) {
+    return pki_.SignCommand(Make(id, kind, timeout));
+  }
+  // The updates of `id` so far.
+  std::vector<v1::CommandUpdate> UpdatesOf(const std::string& id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<v1::CommandUpdate> found;
+    for (const auto& u : updates_) {
+      if (u.command_id() == id) found.push_back(u);
+    }
+    return found;
   }
 
   // Waits until `id` has an update in `state`, and returns it.
@@ -105,6 +130,7 @@ class DispatcherTest : public ::testing::Test {
 
   FakeRoot dir_;
   DevPki pki_;
+  int64_t issued_at_ = std::time(nullptr);  // one time: a redelivery is byte for byte the same
   std::unique_ptr<ResultStore> results_;
   std::optional<pki::TrustState> trust_;
   std::ostringstream log_text_;
@@ -115,6 +141,7 @@ class DispatcherTest : public ::testing::Test {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<v1::CommandUpdate> updates_;
+  std::vector<std::pair<std::string, std::string>> events_;
   std::atomic<bool> slow_accepted_{false};
 };
 
@@ -223,6 +250,180 @@ TEST_F(DispatcherTest, ADestructiveKindNeedsItsQuorumAndKeepsToTheHourlyLimit) {
   std::optional<v1::CommandUpdate> limited = WaitFor("r-3", v1::COMMAND_STATE_REJECTED);
   ASSERT_TRUE(limited.has_value());
   EXPECT_EQ(limited->code(), v1::COMMAND_CODE_RATE_LIMITED);
+}
+
+TEST_F(DispatcherTest, RefusalsOfCommandsThatDidNotVerifyAreAnsweredButNotRemembered) {
+  uint64_t before = std::filesystem::file_size(dir_.path() / "results.log");
+  for (int i = 0; i < 200; ++i) {
+    // Fresh ids a gateway could send without end: for another node, unsigned, badly signed.
+    v1::Command other = Make("w-" + std::to_string(i), "inventory.refresh");
+    other.set_node_id("n-2");
+    dispatcher_->Submit(pki_.SignCommand(other), *trust_, false);
+    v1::SignedCommand unsigned_reboot = Signed("u-" + std::to_string(i), "node.reboot");
+    unsigned_reboot.clear_signature();
+    dispatcher_->Submit(unsigned_reboot, *trust_, false);
+    v1::SignedCommand forged = Signed("f-" + std::to_string(i), "inventory.refresh");
+    forged.mutable_signature()->mutable_sig()->back() ^= 1;
+    dispatcher_->Submit(forged, *trust_, false);
+  }
+  ASSERT_TRUE(WaitFor("f-199", v1::COMMAND_STATE_REJECTED));
+  EXPECT_EQ(UpdatesOf("w-7").at(0).code(), v1::COMMAND_CODE_WRONG_NODE);
+  EXPECT_EQ(UpdatesOf("u-7").at(0).code(), v1::COMMAND_CODE_UNSIGNED);
+  EXPECT_EQ(UpdatesOf("f-7").at(0).code(), v1::COMMAND_CODE_BAD_SIGNATURE);
+  EXPECT_EQ(results_->size(), 0u);
+  EXPECT_EQ(std::filesystem::file_size(dir_.path() / "results.log"), before) << "nothing written";
+  // A refusal of a command whose signature verified is its result, kept like any other.
+  dispatcher_->Submit(Signed("v-1", "no.such.kind"), *trust_, false);
+  ASSERT_TRUE(WaitFor("v-1", v1::COMMAND_STATE_REJECTED));
+  EXPECT_EQ(results_->Terminal("v-1")->code(), v1::COMMAND_CODE_UNSUPPORTED);
+}
+
+TEST_F(DispatcherTest, AFullResultStoreRefusesCommandsBusyAndSaysSoOnce) {
+  dispatcher_.reset();
+  results_.reset();
+  FakeRoot small;
+  results_ = std::make_unique<ResultStore>(
+      *ResultStore::Open(small.path(), std::time(nullptr), {.max_entries = 2}));
+  Build();
+  handler_->Release();
+  for (const char* id : {"c-1", "c-2"}) {
+    dispatcher_->Submit(Signed(id, "inventory.refresh"), *trust_, false);
+    ASSERT_TRUE(WaitFor(id, v1::COMMAND_STATE_SUCCEEDED)) << id;
+  }
+  for (const char* id : {"c-3", "c-4"}) {
+    dispatcher_->Submit(Signed(id, "inventory.refresh"), *trust_, false);
+    std::optional<v1::CommandUpdate> busy = WaitFor(id, v1::COMMAND_STATE_REJECTED);
+    ASSERT_TRUE(busy.has_value()) << id;
+    EXPECT_EQ(busy->code(), v1::COMMAND_CODE_BUSY);
+    EXPECT_EQ(busy->message().substr(0, 31), "the result store is full (2 res");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSERT_EQ(events_.size(), 1u) << "one event for the whole episode";
+  EXPECT_EQ(events_[0].first, "results.full");
+}
+
+TEST_F(DispatcherTest, EveryCommandMustExpireWithinTheTimeItsResultIsRemembered) {
+  int64_t now = std::time(nullptr);
+  auto refused = [&](const std::string& id, int64_t issued, int64_t expires) {
+    v1::Command command = Make(id, "inventory.refresh");
+    command.set_issued_at(static_cast<uint64_t>(issued));
+    command.set_expires_at(static_cast<uint64_t>(expires));
+    dispatcher_->Submit(pki_.SignCommand(command), *trust_, false);
+    std::optional<v1::CommandUpdate> update = WaitFor(id, v1::COMMAND_STATE_REJECTED);
+    EXPECT_TRUE(update.has_value()) << id << " was taken";
+    if (!update) return std::string();
+    EXPECT_EQ(update->code(), v1::COMMAND_CODE_EXPIRED) << id;
+    return update->message();
+  };
+  EXPECT_EQ(refused("never", now, 0),
+            "the command has no expires_at: bcd runs only commands that expire");
+  EXPECT_EQ(refused("too-long", now, now + 25 * 3600),
+            fmt::format("the command lives until {} (90000 s after issued_at {}): at most 86400 s, "
+                        "the time bcd remembers a result",
+                        now + 25 * 3600, now));
+  std::string future = refused("future", now + 3600, now + 7200);
+  EXPECT_EQ(future.substr(0, future.find(" (now")),  // the dispatcher's clock may be a second on
+            fmt::format("issued_at {} is in the future: it must be set and at most 300 s ahead of "
+                        "this node's clock",
+                        now + 3600));
+  EXPECT_EQ(refused("unissued", 0, now + 60).substr(0, 19), "issued_at 0 is unse");
+  EXPECT_EQ(results_->size(), 0u);
+}
+
+TEST_F(DispatcherTest, ACommandIdThatCouldNameAPathOrBreakALineIsRefused) {
+  for (std::string id : {std::string("../../etc/passwd"), std::string("a b"), std::string("x\ny"),
+                         std::string(".hidden"), std::string(129, 'a')}) {
+    dispatcher_->Submit(Signed(id, "inventory.refresh"), *trust_, false);
+    std::optional<v1::CommandUpdate> refused = WaitFor(id, v1::COMMAND_STATE_REJECTED);
+    ASSERT_TRUE(refused.has_value()) << id;
+    EXPECT_EQ(refused->code(), v1::COMMAND_CODE_INVALID_PAYLOAD);
+    EXPECT_EQ(refused->message(),
+              "command_id must be 1 to 128 letters, digits and -_.: starting with a letter or "
+              "digit");
+  }
+  dispatcher_->Submit(Signed(std::string(128, 'a'), "inventory.refresh"), *trust_, false);
+  EXPECT_TRUE(WaitFor(std::string(128, 'a'), v1::COMMAND_STATE_ACCEPTED)) << "128 is allowed";
+  EXPECT_TRUE(IsCommandId("018f2b6e-7c1a-7d3e-9f00-0a1b2c3d4e5f"));
+  EXPECT_TRUE(IsCommandId("wf-1:step.2_a"));
+}
+
+// A handler that refuses some payloads before they run.
+class PickyHandler final : public CommandHandler {
+ public:
+  absl::Status Validate(const v1::Command& command,
+                        const google::protobuf::Message&) const override {
+    if (command.timeout_seconds() == 7) return absl::InvalidArgumentError("7 is not allowed");
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> Run(const v1::Command&, const google::protobuf::Message&,
+                                  const std::atomic<bool>&) override {
+    ++runs;
+    return std::string();
+  }
+  std::atomic<int> runs{0};
+};
+
+TEST_F(DispatcherTest, APayloadItsHandlerRefusesIsRejectedBeforeItIsAccepted) {
+  auto picky = std::make_unique<PickyHandler>();
+  PickyHandler* handler = picky.get();
+  dispatcher_->Register("logs.collect", std::move(picky));
+  dispatcher_->Submit(Signed("bad", "logs.collect", /*timeout=*/7), *trust_, false);
+  std::optional<v1::CommandUpdate> refused = WaitFor("bad", v1::COMMAND_STATE_REJECTED);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->code(), v1::COMMAND_CODE_INVALID_PAYLOAD);
+  EXPECT_EQ(refused->message(), "7 is not allowed");
+  EXPECT_EQ(UpdatesOf("bad").size(), 1u) << "never ACCEPTED, never RUNNING";
+  EXPECT_EQ(handler->runs, 0);
+  dispatcher_->Submit(Signed("good", "logs.collect", /*timeout=*/8), *trust_, false);
+  EXPECT_TRUE(WaitFor("good", v1::COMMAND_STATE_SUCCEEDED));
+}
+
+TEST_F(DispatcherTest, AnHourlyCountThatCannotBeWrittenIsAnInternalErrorNotRateLimited) {
+  std::vector<pki::PrivateKey> approvers = {*pki::PrivateKey::Generate()};
+  pki::TrustState trust = *pki::TrustState::FromFirstBundle(
+      pki_.SignedBundleWithApprovers(1, approvers, /*threshold=*/1, /*epoch=*/1,
+                                     /*unbatched_per_hour=*/5),
+      pki_.join_service_key().Public());
+  v1::SignedCommand reboot = Signed("r-1", "node.reboot");
+  *reboot.add_approvals() =
+      *pki::Sign(proto::ApproveSigningInput(pki::Sha256(reboot.body())), approvers[0], "a0");
+  // The disk refuses to grow the result log: no file may be larger than it is now.
+  signal(SIGXFSZ, SIG_IGN);
+  rlimit before{};
+  getrlimit(RLIMIT_FSIZE, &before);
+  rlimit small = before;
+  small.rlim_cur = std::filesystem::file_size(dir_.path() / "results.log");
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  dispatcher_->Submit(reboot, trust, false);
+  std::optional<v1::CommandUpdate> refused = WaitFor("r-1", v1::COMMAND_STATE_REJECTED);
+  setrlimit(RLIMIT_FSIZE, &before);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(v1::CommandCode_Name(refused->code()), "COMMAND_CODE_INTERNAL");
+  EXPECT_EQ(refused->message().substr(0, 68),
+            "the hourly count of destructive commands could not be recorded: cann");
+}
+
+TEST_F(DispatcherTest, ADifferentCommandUnderAnAnsweredIdIsDuplicateTheSameBytesGetTheResult) {
+  handler_->Release();
+  v1::SignedCommand first = Signed("c-1", "inventory.refresh");
+  dispatcher_->Submit(first, *trust_, false);
+  ASSERT_TRUE(WaitFor("c-1", v1::COMMAND_STATE_SUCCEEDED));
+  dispatcher_->Submit(Signed("c-1", "inventory.refresh", /*timeout=*/30), *trust_, false);
+  std::optional<v1::CommandUpdate> duplicate = WaitFor("c-1", v1::COMMAND_STATE_REJECTED);
+  ASSERT_TRUE(duplicate.has_value());
+  EXPECT_EQ(duplicate->code(), v1::COMMAND_CODE_DUPLICATE);
+  EXPECT_EQ(duplicate->message(), "a different command with this id was answered before");
+  dispatcher_->Submit(Signed("c-1", "node.reboot"), *trust_, false);  // even another kind
+  EXPECT_EQ(UpdatesOf("c-1").back().code(), v1::COMMAND_CODE_DUPLICATE);
+  // The same bytes again: the stored result, and it still is the id's result.
+  dispatcher_->Submit(first, *trust_, false);
+  EXPECT_EQ(UpdatesOf("c-1").back().state(), v1::COMMAND_STATE_SUCCEEDED);
+  EXPECT_EQ(results_->Terminal("c-1")->state(), v1::COMMAND_STATE_SUCCEEDED);
+  // Redelivered with another signature (re-signed), the body is the same: the stored result.
+  v1::SignedCommand resigned = first;
+  resigned.mutable_signature()->set_kid("worker-2");
+  dispatcher_->Submit(resigned, *trust_, false);
+  EXPECT_EQ(UpdatesOf("c-1").back().state(), v1::COMMAND_STATE_SUCCEEDED);
 }
 
 }  // namespace

@@ -115,15 +115,15 @@ TEST(RecordLog, ReadsARecordAtItsOffsetAndNamesDamage) {
     ASSERT_TRUE(log.Append("second").ok());
   }
   RecordLog log = *RecordLog::Open(dir.path() / "log", &records, &offsets);
-  ASSERT_EQ(offsets, (std::vector<uint64_t>{0, 13}));
-  EXPECT_EQ(*log.Read(13), "second");
-  EXPECT_EQ(log.Read(5).status().code(), absl::StatusCode::kDataLoss);
+  ASSERT_EQ(offsets, (std::vector<uint64_t>{8, 25})) << "after the magic, 12 header bytes each";
+  EXPECT_EQ(*log.Read(25), "second");
+  EXPECT_EQ(log.Read(13).status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(std::string(ToStd(log.Read(100).status().message())),
             (dir.path() / "log").string() + ": no record at byte 100");
   std::vector<uint64_t> rewritten;
   ASSERT_TRUE(log.Rewrite({"x", "second"}, &rewritten).ok());
-  EXPECT_EQ(rewritten, (std::vector<uint64_t>{0, 9}));
-  EXPECT_EQ(*log.Read(9), "second");
+  EXPECT_EQ(rewritten, (std::vector<uint64_t>{8, 21}));
+  EXPECT_EQ(*log.Read(21), "second");
 }
 
 TEST(ResultStore, ReconcileRecordsTerminalUpdatesFoundInTheOutbox) {
