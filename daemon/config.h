@@ -147,9 +147,10 @@ class Config {
   std::string log_unit_ = "bcd.service";
   uint32_t max_tunnels_ = kMaxTunnels;
   std::string tunnel_user_;
+  // Loopback by address only: a name is decided by what it resolves to, and "localhost" resolves
+  // to these.
   std::vector<TunnelAllowRule> tunnel_allow_ = {*TunnelAllowRule::Parse("127.0.0.0/8:*"),
-                                                *TunnelAllowRule::Parse("[::1]:*"),
-                                                *TunnelAllowRule::Parse("localhost:*")};
+                                                *TunnelAllowRule::Parse("[::1]:*")};
 };
 
 }  // namespace bcd

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -50,28 +51,28 @@ struct SpawnSetup {
 
 absl::StatusOr<std::string> RunChild(const std::vector<std::string>& argv,
                                      std::chrono::milliseconds timeout, std::size_t max_output,
-                                     bool* truncated);
+                                     bool* truncated, const std::atomic<bool>* stop);
 
 }  // namespace
 
 absl::StatusOr<std::string> SubprocessRunner::Run(const std::vector<std::string>& argv,
                                                   std::chrono::milliseconds timeout,
                                                   std::size_t max_output) {
-  return RunChild(argv, timeout, max_output, nullptr);
+  return RunChild(argv, timeout, max_output, nullptr, nullptr);
 }
 
 absl::StatusOr<std::string> RunCapped(const std::vector<std::string>& argv,
                                       std::chrono::milliseconds timeout, std::size_t max_output,
-                                      bool* truncated) {
+                                      bool* truncated, const std::atomic<bool>* stop) {
   *truncated = false;
-  return RunChild(argv, timeout, max_output, truncated);
+  return RunChild(argv, timeout, max_output, truncated, stop);
 }
 
 namespace {
 
 absl::StatusOr<std::string> RunChild(const std::vector<std::string>& argv,
                                      std::chrono::milliseconds timeout, std::size_t max_output,
-                                     bool* truncated) {
+                                     bool* truncated, const std::atomic<bool>* stop) {
   if (argv.empty()) return absl::InvalidArgumentError("no program to run");
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
@@ -84,6 +85,8 @@ absl::StatusOr<std::string> RunChild(const std::vector<std::string>& argv,
   posix_spawn_file_actions_addopen(&setup.actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&setup.actions, write_end.get(), STDOUT_FILENO);
   posix_spawn_file_actions_addopen(&setup.actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+  // The child gets its three standard fds and nothing else of bcd's, close-on-exec or not.
+  posix_spawn_file_actions_addclosefrom_np(&setup.actions, 3);
   // The child gets default signal dispositions and an empty mask whatever the daemon blocks.
   sigset_t all, none;
   sigfillset(&all);
@@ -105,6 +108,7 @@ absl::StatusOr<std::string> RunChild(const std::vector<std::string>& argv,
 
   std::string output;
   std::string failure;
+  bool stopped = false;
   auto deadline = std::chrono::steady_clock::now() + timeout;
   char buffer[8192];
   while (true) {
@@ -115,8 +119,16 @@ absl::StatusOr<std::string> RunChild(const std::vector<std::string>& argv,
           fmt::format("{}: ran past its {} ms limit and was killed", argv[0], timeout.count());
       break;
     }
+    if (stop != nullptr && stop->load()) {
+      stopped = true;
+      failure = fmt::format("{}: stopped", argv[0]);
+      break;
+    }
     pollfd pfd{read_end.get(), POLLIN, 0};
-    int ready = poll(&pfd, 1, static_cast<int>(left.count()));
+    // With a stop flag to watch, wake at least every 100 ms.
+    int wait =
+        static_cast<int>(stop != nullptr ? std::min<int64_t>(left.count(), 100) : left.count());
+    int ready = poll(&pfd, 1, wait);
     if (ready < 0 && errno == EINTR) continue;
     if (ready <= 0) continue;
     ssize_t n = read(read_end.get(), buffer, sizeof buffer);
@@ -138,6 +150,7 @@ absl::StatusOr<std::string> RunChild(const std::vector<std::string>& argv,
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
+  if (stopped) return absl::CancelledError(failure);
   if (!failure.empty()) return absl::DeadlineExceededError(failure);
   if (truncated != nullptr && *truncated) return output;  // killed on purpose
   if (WIFSIGNALED(status)) {

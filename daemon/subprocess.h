@@ -3,6 +3,7 @@
 // Running helper programs (nvidia-smi, dcgmi, ...) behind an interface, so collectors can be tested
 // with canned output and never depend on what a test machine has installed.
 
+#include <atomic>
 #include <chrono>
 #include <string>
 #include <vector>
@@ -31,9 +32,10 @@ class SubprocessRunner final : public CommandRunner {
 };
 
 // Like SubprocessRunner::Run, but output past `max_output` is not an error: the child is killed,
-// the first `max_output` bytes are returned and `*truncated` is set.
+// the first `max_output` bytes are returned and `*truncated` is set. When `stop` turns true (a
+// cancel, a timeout, a shutdown) the child is killed within 100 ms and the answer is Cancelled.
 absl::StatusOr<std::string> RunCapped(const std::vector<std::string>& argv,
                                       std::chrono::milliseconds timeout, std::size_t max_output,
-                                      bool* truncated);
+                                      bool* truncated, const std::atomic<bool>* stop = nullptr);
 
 }  // namespace bcd

@@ -93,6 +93,12 @@ void UploadSink::Serve(int fd) {
     std::lock_guard<std::mutex> lock(mu_);
     requests_.push_back(std::move(request));
   }
+  while (hang_ && !stopping_) {
+    pollfd pfd{fd, POLLIN, 0};
+    poll(&pfd, 1, 50);
+    char c;
+    if ((pfd.revents & (POLLIN | POLLHUP)) != 0 && read(fd, &c, 1) <= 0) return;  // it gave up
+  }
   std::string answer = "HTTP/1.1 " + std::to_string(status_.load()) +
                        " Status\r\nContent-Length: 9\r\nConnection: close\r\n\r\nsink said";
   (void)!write(fd, answer.data(), answer.size());

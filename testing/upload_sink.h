@@ -28,6 +28,9 @@ class UploadSink {
     return "http://127.0.0.1:" + std::to_string(port_) + target;
   }
   void AnswerWith(int status) { status_ = status; }
+  // Takes each request whole and then never answers (until the sink is destroyed): an upload that
+  // hangs after its body.
+  void Hang(bool hang) { hang_ = hang; }
   std::vector<Request> requests() const;
 
  private:
@@ -36,6 +39,7 @@ class UploadSink {
   int listen_fd_ = -1;
   int port_ = 0;
   std::atomic<int> status_{200};
+  std::atomic<bool> hang_{false};
   std::atomic<bool> stopping_{false};
   mutable std::mutex mu_;
   std::vector<Request> requests_;  // guarded by mu_

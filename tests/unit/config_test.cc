@@ -343,6 +343,12 @@ TEST(Config, TunnelsAllowLoopbackByDefault) {
   }
   EXPECT_TRUE(loopback);
   EXPECT_FALSE(elsewhere);
+  // By address only: a name (localhost included) is allowed by what it resolves to, never by how
+  // it is spelled.
+  for (const auto& rule : config.tunnel_allow()) {
+    EXPECT_FALSE(rule.Allows("localhost", "192.0.2.1", 22));
+    EXPECT_FALSE(rule.Allows("127.0.0.1.evil.example", "192.0.2.1", 22));
+  }
 }
 
 TEST(ConfigErrors, TunnelsUserAndAllowList) {
