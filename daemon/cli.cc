@@ -124,9 +124,9 @@ int Version(const Config& config, const CliEnv& env) {
   bool websocket = config.websocket().has_value();
   for (proto::Mode mode : {proto::Mode::kNode, proto::Mode::kSite}) {
     std::vector<std::string> capabilities = ModeCapabilities(mode, websocket);
-    fmt::print(env.out, "capabilities ({}): {}\n", proto::ModeName(mode),
-               capabilities.empty() ? "(none: tunnels need the gRPC transport)"
-                                    : absl::StrJoin(capabilities, ", "));
+    fmt::print(env.out, "capabilities ({}): {}{}\n", proto::ModeName(mode),
+               absl::StrJoin(capabilities, ", "),
+               websocket ? " (no tunnels: they need the gRPC transport)" : "");
   }
   return kExitOk;
 }
@@ -373,8 +373,13 @@ int Status(const Flags& flags, const CliEnv& env) {
     fmt::print(env.out, "{}", *live);
     return kExitOk;
   }
-  fmt::print(env.out, "{}session: not running (no daemon answers on {})\n",
-             StateDirStatusText(config->state_dir(), static_cast<int64_t>(env.now())),
+  absl::StatusOr<std::string> identity =
+      StateDirStatusText(config->state_dir(), static_cast<int64_t>(env.now()));
+  if (!identity.ok()) {
+    fmt::print(env.err, "bcd status: {}\n", ToStd(identity.status().message()));
+    return kExitOther;
+  }
+  fmt::print(env.out, "{}session: not running (no daemon answers on {})\n", *identity,
              socket.string());
   return kExitOk;
 }

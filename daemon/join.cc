@@ -79,6 +79,8 @@ absl::StatusOr<Identity> JoinFleet(const Config& config, const JoinSpec& spec) {
   }
   absl::StatusOr<StateDir> state = StateDir::Open(config.state_dir());
   if (!state.ok()) return state.status();
+  absl::StatusOr<StateDirLock> lock = state->Lock();
+  if (!lock.ok()) return lock.status();
   if (state->HasIdentity()) {
     return absl::FailedPreconditionError(
         fmt::format("this node has already joined (identity in {}); remove it to join again",

@@ -1,5 +1,6 @@
 #include "pki/x509.h"
 
+#include <openssl/err.h>
 #include <openssl/pem.h>
 
 #include <cctype>
@@ -94,13 +95,23 @@ std::string Certificate::Subject() const {
 absl::StatusOr<std::vector<Certificate>> ParsePemChain(std::string_view pem) {
   BioPtr bio = ReadBio(pem);
   std::vector<Certificate> chain;
+  ERR_clear_error();
   while (true) {
     X509Ptr cert(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr));
     if (!cert) break;
     std::string der = CertificateDerOf(cert.get());
     chain.push_back(*Certificate::FromDer(der));
   }
-  OpenSslError();  // the end of the input leaves a "no start line" error
+  // The end of the input leaves a "no start line" error; anything else is a certificate that
+  // begins and does not parse (cut short, or damaged).
+  unsigned long error = ERR_peek_last_error();
+  bool clean_end =
+      ERR_GET_LIB(error) == ERR_LIB_PEM && ERR_GET_REASON(error) == PEM_R_NO_START_LINE;
+  std::string why = OpenSslError();
+  if (!clean_end) {
+    return absl::InvalidArgumentError(
+        fmt::format("PEM certificate {} is damaged or cut short: {}", chain.size() + 1, why));
+  }
   if (chain.empty()) return absl::InvalidArgumentError("no PEM certificate found");
   return chain;
 }

@@ -38,8 +38,10 @@ TEST(Cli, VersionPrintsVersionProtocolRangeAndCapabilities) {
   EXPECT_EQ(r.out, std::string("bcd ") + BCD_VERSION +
                        "\nprotocol 1..1\n"
                        "capabilities (node): tunnel.shell, tunnel.exec, tunnel.tcp, "
-                       "tunnel.instance-dial\n"
-                       "capabilities (site): tunnel.shell, tunnel.exec, tunnel.tcp\n");
+                       "tunnel.instance-dial, secrets.jwe, workload-token, spec.daemon, "
+                       "spec.access\n"
+                       "capabilities (site): tunnel.shell, tunnel.exec, tunnel.tcp, secrets.jwe, "
+                       "spec.daemon, spec.access\n");
   EXPECT_EQ(r.err, "");
 }
 
@@ -53,7 +55,8 @@ TEST(Cli, VersionSaysAWebSocketConfigAdvertisesNoTunnels) {
                 "[websocket]\nurl = \"wss://gw.example.net/v1/session\"\n");
   Result r = RunBcd({"version", "--config", (dir.path() / "config.toml").string()});
   EXPECT_EQ(r.code, kExitOk) << r.err;
-  EXPECT_NE(r.out.find("capabilities (node): (none: tunnels need the gRPC transport)\n"),
+  EXPECT_NE(r.out.find("capabilities (node): secrets.jwe, workload-token, spec.daemon, "
+                       "spec.access (no tunnels: they need the gRPC transport)\n"),
             std::string::npos)
       << r.out;
 }

@@ -63,6 +63,18 @@ TEST(OpensslFixtures, ParsesPemBundlesAndDerChains) {
             "expected one PEM certificate, found 2");
 }
 
+TEST(OpensslFixtures, ACertificateCutShortOrDamagedIsRefusedNotDropped) {
+  std::string node = Cert("node.pem"), second = Cert("intermediate.pem");
+  // Cut inside the base64 (no END line), and a whole block whose base64 is damaged.
+  std::string cut = node + second.substr(0, second.size() / 2);
+  std::string damaged = node + second.substr(0, 64) + "%" + second.substr(65);
+  for (const std::string& pem : {cut, damaged}) {
+    absl::StatusOr<std::vector<Certificate>> chain = ParsePemChain(pem);
+    ASSERT_FALSE(chain.ok()) << "read " << chain->size() << " certificates";
+    EXPECT_EQ(Message(chain.status()).substr(0, 43), "PEM certificate 2 is damaged or cut short: ");
+  }
+}
+
 TEST(OpensslFixtures, SpkiPinMatchesOpenssl) {
   for (const char* name : {"root", "intermediate", "signing-root"}) {
     std::string expected = Cert(std::string(name) + ".spki-sha256");
