@@ -16,4 +16,9 @@ std::chrono::milliseconds Backoff::Next() {
       static_cast<int64_t>(uniform01_() * static_cast<double>(ceiling)));
 }
 
+std::chrono::milliseconds Backoff::After(std::chrono::milliseconds pushback) {
+  return pushback + std::chrono::milliseconds(static_cast<int64_t>(
+                        uniform01_() * static_cast<double>(pushback.count()) / 4));
+}
+
 }  // namespace bcd

@@ -15,6 +15,9 @@ class Backoff {
                    std::chrono::milliseconds base = std::chrono::seconds(1),
                    std::chrono::milliseconds cap = std::chrono::seconds(60));
   std::chrono::milliseconds Next();
+  // The delay for a server's pushback (already clamped to its bounds): at least what it asked, plus
+  // up to a quarter more, so nodes told the same delay do not all come back in the same second.
+  std::chrono::milliseconds After(std::chrono::milliseconds pushback);
   void Reset() { attempt_ = 0; }
 
  private:

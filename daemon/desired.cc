@@ -116,6 +116,7 @@ void DesiredState::ApplyLocked(const v1::NodeSpec& spec) {
           fmt::format("this build does not implement the {} section", field->name()));
     } else if (absl::Status s = applier->second(spec); !s.ok()) {
       status.set_state(absl::IsFailedPrecondition(s) ? v1::SECTION_STATE_PENDING
+                       : absl::IsUnimplemented(s)    ? v1::SECTION_STATE_UNSUPPORTED
                                                      : v1::SECTION_STATE_FAILED);
       status.set_message(std::string(ToStd(s.message())));
     } else {
@@ -153,6 +154,11 @@ std::vector<v1::SectionStatus> DesiredState::sections() const {
 std::vector<v1::VpsInstance> DesiredState::vps_instances() const {
   std::lock_guard<std::mutex> lock(mu_);
   return {spec_.vps().instances().begin(), spec_.vps().instances().end()};
+}
+
+v1::AccessSection DesiredState::access() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return spec_.access();
 }
 
 std::string DesiredState::tunnel_jwks() const {

@@ -36,8 +36,9 @@ class DesiredState {
                                                             std::string node_id, Logger* log);
 
   // `section` is the NodeSpec field name ("daemon", "access", ...). The applier's OK means
-  // APPLIED, FailedPrecondition PENDING (waits on something else, message says what), any other
-  // error FAILED.
+  // APPLIED (all of the section is in effect), FailedPrecondition PENDING (waits on something
+  // else, message says what), Unimplemented UNSUPPORTED (the message says what of it is taken and
+  // what is not), any other error FAILED.
   void Register(const std::string& section, Applier apply);
   // Applies the persisted spec again (at start).
   void Reapply();
@@ -54,6 +55,8 @@ class DesiredState {
   std::vector<bettercompute::agent::v1::SectionStatus> sections() const;
   // The access section's tunnel-ticket JWKS (JSON text), empty when none was given.
   std::string tunnel_jwks() const;
+  // The access section of the applied spec (empty when none).
+  bettercompute::agent::v1::AccessSection access() const;
   // The instances the vps section lists (the metadata service answers them).
   std::vector<bettercompute::agent::v1::VpsInstance> vps_instances() const;
 

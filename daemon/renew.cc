@@ -189,7 +189,7 @@ void Renewer::Loop() {
       log_->Error("renew.stopped", {{"error", std::string(ToStd(renewed.status().message()))}});
       return;
     }
-    auto delay = refusal.pushback.value_or(backoff.Next());
+    auto delay = refusal.pushback ? backoff.After(*refusal.pushback) : backoff.Next();
     int64_t left_ms = (leaf.NotAfter() - now_()) * 1000;
     log_->Warn("renew.failed", {{"error", std::string(ToStd(renewed.status().message()))},
                                 {"retry_ms", std::to_string(delay.count())}});

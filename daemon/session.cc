@@ -7,6 +7,7 @@
 #include "daemon/dispatcher.h"
 #include "daemon/secrets.h"
 #include "daemon/tunnels.h"
+#include "fmt/format.h"
 #include "proto/absl_compat.h"
 
 namespace bcd {
@@ -159,10 +160,9 @@ bool SessionEngine::ApplyTrust(const v1::SignedTrustBundle& bundle) {
     log_->Warn("trust.approver_set_refused", {{"reason", update->approver_set_refusal}});
     (void)Emit(v1::SEVERITY_WARNING, "trust.approver_set_refused", update->approver_set_refusal);
   }
-  // A bundle whose approver-set change was refused is applied but not persisted: after a restart
-  // the daemon loads the last persisted bundle and its set, and a newer bundle must come again and
-  // pass the approver-set rule again. Persisting it would hand its set over at the next start.
-  if (options_.on_trust && update->approver_set_refusal.empty()) options_.on_trust(bundle);
+  // What is enforced now is what a restart enforces: the new bundle, with the held approver set
+  // when its change was refused.
+  if (options_.on_trust) options_.on_trust(trust_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     snapshot_.trust_version = trust_.version();
@@ -260,7 +260,34 @@ transport::Refusal SessionEngine::Serve(transport::FrameStream& stream, Backoff&
   };
   if (!stream.Write(Hello())) return stream.Finish();
   v1::ServerFrame first;
-  if (!stream.Read(&first)) return stream.Finish();
+  bool welcome_late = false;
+  {
+    // A gateway that never answers Hello must not hold the session: past the timeout the stream is
+    // cancelled, which ends the Read below.
+    std::mutex mu;
+    std::condition_variable cv;
+    bool answered = false;
+    std::thread watch([&] {
+      std::unique_lock<std::mutex> lock(mu);
+      if (!cv.wait_for(lock, options_.welcome_timeout, [&] { return answered; })) {
+        welcome_late = true;
+        stream.Cancel();
+      }
+    });
+    bool read = stream.Read(&first);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      answered = true;
+    }
+    cv.notify_all();
+    watch.join();
+    if (welcome_late) {
+      return fail(fmt::format(
+          "no Welcome within {} s of the session's start",
+          std::chrono::duration_cast<std::chrono::seconds>(options_.welcome_timeout).count()));
+    }
+    if (!read) return stream.Finish();
+  }
   if (!first.has_welcome()) return fail("the gateway's first frame was not Welcome");
   const v1::Welcome& welcome = first.welcome();
   if (absl::Status s = proto::CheckWelcomeVersion(options_.range, welcome.protocol_version(),
@@ -326,18 +353,40 @@ transport::Refusal SessionEngine::Serve(transport::FrameStream& stream, Backoff&
 
 absl::Status SessionEngine::Run() {
   Backoff backoff(options_.uniform01);
+  // Failures in a row: the first few are warnings; a storm of them is said once, then logged at
+  // debug until a session is welcomed again.
+  constexpr int kLoudFailures = 5;
+  int failures = 0;
+  auto failed = [&](std::string_view event,
+                    std::initializer_list<std::pair<std::string_view, std::string>> fields) {
+    ++failures;
+    log_->Log(failures <= kLoudFailures ? LogLevel::kWarn : LogLevel::kDebug, event, fields);
+    if (failures == kLoudFailures) {
+      log_->Warn("session.redialing",
+                 {{"failures", std::to_string(failures)},
+                  {"note",
+                   "the gateway keeps failing; further failures are logged at debug "
+                   "until a session is welcomed"}});
+    }
+  };
   while (true) {
+    int welcomes_before;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopping_) break;
       snapshot_.state = "connecting";
+      snapshot_.session_id.clear();  // the last session's id is not this one's
+      snapshot_.protocol_version = 0;
+      welcomes_before = snapshot_.welcomes;
     }
+    cv_.notify_all();
     std::chrono::milliseconds delay{0};
     absl::StatusOr<std::unique_ptr<transport::FrameStream>> stream = transport_->OpenSession();
     if (!stream.ok()) {
       SetState("backoff", std::string(ToStd(stream.status().message())));
-      log_->Warn("session.dial_failed", {{"error", std::string(ToStd(stream.status().message()))}});
       delay = backoff.Next();
+      failed("session.dial_failed", {{"error", std::string(ToStd(stream.status().message()))},
+                                     {"retry_ms", std::to_string(delay.count())}});
     } else {
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -354,13 +403,17 @@ absl::Status SessionEngine::Run() {
       std::string error = refusal.code == grpc::StatusCode::OK ? "the gateway ended the session"
                                                                : refusal.ToString();
       SetState("backoff", error);
-      log_->Warn("session.ended", {{"reason", refusal.reason}, {"error", error}});
+      if (Snapshot().welcomes > welcomes_before) failures = 0;
       if (refusal.NeedsPerson()) {
+        log_->Error("session.ended", {{"reason", refusal.reason}, {"error", error}});
         SetState("stopped");
         return absl::FailedPreconditionError("the gateway " + refusal.ToString() +
                                              "; a person must act");
       }
-      delay = refusal.pushback.value_or(backoff.Next());
+      delay = refusal.pushback ? backoff.After(*refusal.pushback) : backoff.Next();
+      failed("session.ended", {{"reason", refusal.reason},
+                               {"error", error},
+                               {"retry_ms", std::to_string(delay.count())}});
     }
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_for(lock, delay, [&] { return stopping_; });

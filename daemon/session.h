@@ -41,8 +41,11 @@ struct SessionOptions {
   std::string boot_id;
   int64_t started_at = 0;
   int64_t certificate_not_after = 0;
-  // Called with every trust bundle taken, to persist it.
-  std::function<void(const bettercompute::agent::v1::SignedTrustBundle&)> on_trust;
+  // Called with the trust state after every bundle taken, to persist what it enforces (with the
+  // held approver set when the bundle's change of it was refused).
+  std::function<void(const pki::TrustState&)> on_trust;
+  // A session without Welcome this long after it opened is ended and redialed.
+  std::chrono::milliseconds welcome_timeout = std::chrono::seconds(30);
 };
 
 struct SessionSnapshot {

@@ -110,6 +110,8 @@ absl::StatusOr<TrustState> TrustState::Verify(const v1::SignedTrustBundle& signe
   if (!cas.ok()) return cas.status();
   state.command_signing_roots_ = *std::move(roots);
   state.node_cas_ = *std::move(cas);
+  state.signed_ = signed_bundle;
+  state.approver_source_ = signed_bundle;
   return state;
 }
 
@@ -120,6 +122,29 @@ absl::StatusOr<TrustState> TrustState::FromFirstBundle(const v1::SignedTrustBund
   absl::StatusOr<ApproverSet> set = ApproverSet::FromBundle(state->bundle_);
   if (!set.ok()) return set.status();
   state->approvers_ = *std::move(set);
+  return state;
+}
+
+absl::StatusOr<TrustState> TrustState::Restore(const v1::SignedTrustBundle& signed_bundle,
+                                               const v1::SignedTrustBundle* approver_source,
+                                               const PublicKey& join_service_key) {
+  if (approver_source == nullptr) return FromFirstBundle(signed_bundle, join_service_key);
+  absl::StatusOr<TrustState> state = Verify(signed_bundle, join_service_key);
+  if (!state.ok()) return state;
+  absl::StatusOr<TrustState> source = FromFirstBundle(*approver_source, join_service_key);
+  if (!source.ok()) {
+    return absl::Status(
+        source.status().code(),
+        fmt::format("the bundle of the held approver set: {}", ToStd(source.status().message())));
+  }
+  if (source->trust_domain() != state->trust_domain() || source->version() > state->version()) {
+    return absl::InvalidArgumentError(fmt::format(
+        "the bundle of the held approver set (version {}, trust domain {}) does not go with "
+        "bundle version {} of {}",
+        source->version(), source->trust_domain(), state->version(), state->trust_domain()));
+  }
+  state->approvers_ = source->approvers_;
+  state->approver_source_ = *approver_source;
   return state;
 }
 
@@ -142,6 +167,7 @@ absl::StatusOr<TrustState::Update> TrustState::Accept(const v1::SignedTrustBundl
   absl::StatusOr<ApproverSet> candidate = ApproverSet::FromBundle(update.state.bundle_);
   auto keep = [&](std::string why) {
     update.state.approvers_ = held;
+    update.state.approver_source_ = approver_source_;
     update.approver_set_refusal = std::move(why);
     return update;
   };
@@ -155,7 +181,7 @@ absl::StatusOr<TrustState::Update> TrustState::Accept(const v1::SignedTrustBundl
   }
   if (e_new == e) {
     if (candidate->SameSetAs(held)) {
-      update.state.approvers_ = held;
+      update.state.approvers_ = held;  // the same set: this bundle is as good a source of it
       return update;
     }
     return keep(

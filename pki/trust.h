@@ -67,6 +67,15 @@ class TrustState {
       const bettercompute::agent::v1::SignedTrustBundle& signed_bundle,
       const PublicKey& join_service_key);
 
+  // What a restart enforces: the newest bundle taken, with the approver set of `approver_source`
+  // (the bundle the held set came from, when a later bundle's set was refused; null when the
+  // newest bundle's own set is held). Both must be signed by the JoinService key, of one trust
+  // domain, and the source no newer than the bundle.
+  static absl::StatusOr<TrustState> Restore(
+      const bettercompute::agent::v1::SignedTrustBundle& signed_bundle,
+      const bettercompute::agent::v1::SignedTrustBundle* approver_source,
+      const PublicKey& join_service_key);
+
   struct Update;
   // A newer bundle. An error refuses the whole bundle (signature, version, trust domain, malformed
   // certificates); a refused approver-set change is not an error: the update keeps the held set
@@ -80,6 +89,13 @@ class TrustState {
   const ApproverSet& approvers() const { return approvers_; }
   const std::vector<Certificate>& command_signing_roots() const { return command_signing_roots_; }
   const std::vector<Certificate>& node_cas() const { return node_cas_; }
+  // The signed bundle this state was taken from, and the one its approver set came from (the
+  // same bundle unless a later bundle's approver-set change was refused): what is persisted.
+  const bettercompute::agent::v1::SignedTrustBundle& signed_bundle() const { return signed_; }
+  const bettercompute::agent::v1::SignedTrustBundle& approver_source() const {
+    return approver_source_;
+  }
+  bool HoldsAnEarlierApproverSet() const { return approver_source_.body() != signed_.body(); }
 
  private:
   TrustState() = default;
@@ -88,6 +104,8 @@ class TrustState {
       const PublicKey& join_service_key);
 
   bettercompute::agent::v1::TrustBundle bundle_;
+  bettercompute::agent::v1::SignedTrustBundle signed_;
+  bettercompute::agent::v1::SignedTrustBundle approver_source_;
   ApproverSet approvers_;
   std::vector<Certificate> command_signing_roots_;
   std::vector<Certificate> node_cas_;

@@ -147,6 +147,7 @@ struct DevGateway::State {
   int64_t refuse_pushback_ms = 0;                                        // guarded by mu
   int next_session = 1;                                                  // guarded by mu
   bool withhold_acks = false;                                            // guarded by mu
+  int withhold_welcomes = 0;                                             // guarded by mu
   int renewals = 0;                                                      // guarded by mu
   std::map<std::string, std::vector<int64_t>> ws_renewal_times;          // guarded by mu
   std::map<std::string, std::vector<v1::ServerFrame>> pending_unsigned;  // guarded by mu
@@ -532,6 +533,18 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
     if (!negotiated.ok()) {
       return {grpc::StatusCode::FAILED_PRECONDITION, "protocol-version",
               std::string(ToStd(negotiated.status().message()))};
+    }
+    {
+      std::unique_lock<std::mutex> lock(state_->mu);
+      if (state_->withhold_welcomes > 0) {
+        // Hello is read and never answered: the node must give up on this session by itself.
+        --state_->withhold_welcomes;
+        lock.unlock();
+        v1::AgentFrame ignored;
+        while (stream.Read(&ignored)) {
+        }
+        return {};
+      }
     }
     auto session = std::make_shared<OpenSession>();
     session->stream = &stream;
@@ -980,6 +993,18 @@ bool DevGateway::PushUnfiltered(const std::string& node_id, const v1::ServerFram
   return PushFrame(node_id, frame, /*filtered=*/false);
 }
 
+bool DevGateway::PushUndecodable(const std::string& node_id) {
+  // A string field that is not UTF-8: protobuf serializes it, and no conforming parser takes it.
+  v1::ServerFrame frame;
+  frame.mutable_cancel_command()->set_command_id(std::string("\xff\xfe not utf-8", 14));
+  return PushFrame(node_id, frame, /*filtered=*/false);
+}
+
+void DevGateway::WithholdWelcomes(int count) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->withhold_welcomes = count;
+}
+
 bool DevGateway::PushFrame(const std::string& node_id, const v1::ServerFrame& frame,
                            bool filtered) {
   std::shared_ptr<OpenSession> session;
@@ -1137,6 +1162,13 @@ std::string DevTunnel::ReadUntil(const std::string& text, std::chrono::milliseco
 
 std::string DevGateway::TunnelJwks() const {
   return pki::JwksOf(state_->access_key.Public(), "dev-access");
+}
+
+v1::AccessSection DevGateway::TunnelAccess(std::vector<std::string> ops) const {
+  v1::AccessSection access;
+  access.set_tunnel_jwks(TunnelJwks());
+  for (const std::string& op : ops) access.add_allowed_ops(op);
+  return access;
 }
 
 DevTunnel DevGateway::OpenTunnel(const std::string& node_id, const DevTunnelRequest& request) {

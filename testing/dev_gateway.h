@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "bettercompute/agent/v1/session.pb.h"
+#include "bettercompute/agent/v1/spec.pb.h"
 #include "testing/dev_pki.h"
 
 namespace grpc {
@@ -143,6 +144,10 @@ class DevGateway {
   // Sends a frame as is, past the signed-only hold (what a proxy in the middle could inject).
   bool PushUnfiltered(const std::string& node_id,
                       const bettercompute::agent::v1::ServerFrame& frame);
+  // Sends a ServerFrame whose bytes do not decode (a string field that is not UTF-8).
+  bool PushUndecodable(const std::string& node_id);
+  // The next `count` sessions get no Welcome: Hello is read and left unanswered.
+  void WithholdWelcomes(int count);
   // "grpc" or "websocket": how the last session of `node_id` came.
   std::string LastTransport(const std::string& node_id) const;
   // The close code the node sent when its last WebSocket session ended (0: none), once it has.
@@ -189,6 +194,10 @@ class DevGateway {
   // Tunnels. The JWKS of the dev access key: put it in a spec's access section so the node checks
   // tickets against it.
   std::string TunnelJwks() const;
+  // An access section with those keys that allows `ops` (every op by default).
+  bettercompute::agent::v1::AccessSection TunnelAccess(std::vector<std::string> ops = {
+                                                           "shell", "exec", "tcp",
+                                                           "instance-tcp"}) const;
   // Signs a ticket for `request` and sends OpenTunnel to the node's session; the handle waits for
   // the node's Tunnel stream.
   DevTunnel OpenTunnel(const std::string& node_id, const DevTunnelRequest& request);

@@ -1,25 +1,55 @@
 #include "transport/grpc_transport.h"
 
 #include "bettercompute/agent/v1/session.grpc.pb.h"
+#include "fmt/format.h"
 #include "grpcpp/client_context.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/sync_stream.h"
+#include "proto/absl_compat.h"
+#include "proto/frame_codec.h"
 
 namespace bcd::transport {
 namespace {
 
 namespace v1 = bettercompute::agent::v1;
 
+constexpr char kSessionMethod[] = "/bettercompute.agent.v1.AgentGateway/Session";
+constexpr char kTunnelMethod[] = "/bettercompute.agent.v1.AgentGateway/Tunnel";
+
 // One bidirectional call on a channel (Session or Tunnel): reads on one thread, writes from any
-// (serialized), Cancel from any.
+// (serialized), Cancel from any. Messages are read as bytes and decoded here, through the bounded
+// codec: a message that does not decode cancels the call and is reported by Finish as a
+// protocol error. (Left to gRPC, a message that does not parse makes Read return false while the
+// call stays open, and Finish then waits for a status the gateway has no reason to send.)
 template <class Out, class In>
 class GrpcCall {
  public:
-  using Stream = grpc::ClientReaderWriter<Out, In>;
-  GrpcCall(std::shared_ptr<grpc::Channel> channel,
-           std::unique_ptr<Stream> (v1::AgentGateway::Stub::*start)(grpc::ClientContext*))
-      : channel_(std::move(channel)), stub_(v1::AgentGateway::NewStub(channel_)) {
-    stream_ = (stub_.get()->*start)(&context_);
+  GrpcCall(std::shared_ptr<grpc::Channel> channel, const char* method)
+      : channel_(std::move(channel)),
+        stream_(grpc::internal::ClientReaderWriterFactory<Out, grpc::ByteBuffer>::Create(
+            channel_.get(),
+            grpc::internal::RpcMethod(method, grpc::internal::RpcMethod::BIDI_STREAMING),
+            &context_)) {}
+  bool Read(In* message) {
+    grpc::ByteBuffer buffer;
+    if (!stream_->Read(&buffer)) return false;
+    std::vector<grpc::Slice> slices;
+    std::string bytes;
+    if (buffer.Dump(&slices).ok()) {
+      for (const grpc::Slice& slice : slices)
+        bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    }
+    if (absl::Status s = proto::DecodeMessage(bytes, message); !s.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(error_mu_);
+        protocol_error_ = fmt::format("a {} from the gateway did not decode: {}",
+                                      In::descriptor()->name(), ToStd(s.message()));
+      }
+      context_.TryCancel();
+      return false;
+    }
+    return true;
   }
-  bool Read(In* message) { return stream_->Read(message); }
   bool Write(const Out& message) {
     std::lock_guard<std::mutex> lock(write_mu_);
     return stream_->Write(message);
@@ -29,28 +59,39 @@ class GrpcCall {
     stream_->WritesDone();
   }
   void Cancel() { context_.TryCancel(); }
-  grpc::Status Finish() { return stream_->Finish(); }
-  const grpc::ClientContext& context() const { return context_; }
+  Refusal Finish() {
+    grpc::Status status = stream_->Finish();
+    Refusal refusal = RefusalOf(status, context_);
+    std::lock_guard<std::mutex> lock(error_mu_);
+    if (!protocol_error_.empty()) {
+      refusal.code = grpc::StatusCode::INTERNAL;
+      refusal.reason = "protocol-error";
+      refusal.message = protocol_error_;
+      refusal.pushback.reset();
+    }
+    return refusal;
+  }
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
 
  private:
   std::shared_ptr<grpc::Channel> channel_;  // kept alive while the call is
-  std::unique_ptr<v1::AgentGateway::Stub> stub_;
   grpc::ClientContext context_;
   std::mutex write_mu_;
-  std::unique_ptr<Stream> stream_;
+  std::unique_ptr<grpc::ClientReaderWriter<Out, grpc::ByteBuffer>> stream_;
+  std::mutex error_mu_;
+  std::string protocol_error_;  // guarded by error_mu_
 };
 
 class GrpcTunnelStream final : public TunnelStream {
  public:
   // On the session's connection.
   explicit GrpcTunnelStream(std::shared_ptr<grpc::Channel> channel)
-      : call_(std::move(channel), &v1::AgentGateway::Stub::Tunnel) {}
+      : call_(std::move(channel), kTunnelMethod) {}
   bool Read(v1::TunnelFrame* frame) override { return call_.Read(frame); }
   bool Write(const v1::TunnelFrame& frame) override { return call_.Write(frame); }
   void CloseSend() override { call_.CloseSend(); }
   void Cancel() override { call_.Cancel(); }
-  Refusal Finish() override { return RefusalOf(call_.Finish(), call_.context()); }
+  Refusal Finish() override { return call_.Finish(); }
 
  private:
   GrpcCall<v1::TunnelFrame, v1::TunnelFrame> call_;
@@ -59,7 +100,7 @@ class GrpcTunnelStream final : public TunnelStream {
 class GrpcFrameStream final : public FrameStream {
  public:
   GrpcFrameStream(std::shared_ptr<grpc::Channel> channel, std::shared_ptr<VerificationLog> log)
-      : call_(std::move(channel), &v1::AgentGateway::Stub::Session), log_(std::move(log)) {}
+      : call_(std::move(channel), kSessionMethod), log_(std::move(log)) {}
 
   bool Read(v1::ServerFrame* frame) override { return call_.Read(frame); }
   bool Write(const v1::AgentFrame& frame) override { return call_.Write(frame); }
@@ -69,9 +110,8 @@ class GrpcFrameStream final : public FrameStream {
     return std::unique_ptr<TunnelStream>(new GrpcTunnelStream(call_.channel()));
   }
   Refusal Finish() override {
-    grpc::Status status = call_.Finish();
-    Refusal refusal = RefusalOf(status, call_.context());
-    if (status.error_code() == grpc::StatusCode::UNAVAILABLE && log_ && !log_->Last().empty()) {
+    Refusal refusal = call_.Finish();
+    if (refusal.code == grpc::StatusCode::UNAVAILABLE && log_ && !log_->Last().empty()) {
       refusal.message = log_->Last();
     }
     return refusal;

@@ -1,6 +1,8 @@
 #include "transport/refusal.h"
 
+#include <algorithm>
 #include <charconv>
+#include <functional>
 
 #include "fmt/format.h"
 
@@ -15,6 +17,15 @@ std::optional<int64_t> Number(std::string_view text) {
   return value;
 }
 
+std::optional<std::chrono::milliseconds> Pushback(
+    const std::function<std::optional<std::string>(const char*)>& header) {
+  if (auto ms = header("grpc-retry-pushback-ms")) {
+    if (auto delay = ParsePushback(*ms, /*seconds=*/false)) return delay;
+  }
+  if (auto seconds = header("retry-after")) return ParsePushback(*seconds, /*seconds=*/true);
+  return std::nullopt;
+}
+
 std::optional<std::string> Trailer(const grpc::ClientContext& context, const char* name) {
   const auto& trailers = context.GetServerTrailingMetadata();
   auto it = trailers.find(name);
@@ -23,6 +34,19 @@ std::optional<std::string> Trailer(const grpc::ClientContext& context, const cha
 }
 
 }  // namespace
+
+std::optional<std::chrono::milliseconds> ParsePushback(std::string_view value, bool seconds) {
+  std::size_t digits = value.find_first_not_of("0123456789");
+  if (value.empty() || digits != std::string_view::npos) return std::nullopt;
+  // Saturating: anything past an hour (however many digits) is an hour.
+  int64_t ms = 0;
+  int64_t unit = seconds ? 1000 : 1;
+  for (char c : value) {
+    ms = ms * 10 + (c - '0') * unit;
+    if (ms > kMaxPushback.count()) return kMaxPushback;
+  }
+  return std::clamp(std::chrono::milliseconds(ms), kMinPushback, kMaxPushback);
+}
 
 bool Refusal::NeedsPerson() const {
   return reason == "revoked" || reason == "unknown-node" || reason == "trust-domain-mismatch";
@@ -70,11 +94,7 @@ Refusal RefusalOfHttp(unsigned status, const std::map<std::string, std::string>&
   if (refusal.code == grpc::StatusCode::OK) refusal.code = grpc::StatusCode::UNKNOWN;
   refusal.reason = header("x-bc-reason").value_or("");
   refusal.message = header("grpc-message").value_or(std::move(message));
-  if (auto ms = header("grpc-retry-pushback-ms"); ms && Number(*ms)) {
-    refusal.pushback = std::chrono::milliseconds(*Number(*ms));
-  } else if (auto seconds = header("retry-after"); seconds && Number(*seconds)) {
-    refusal.pushback = std::chrono::seconds(*Number(*seconds));
-  }
+  refusal.pushback = Pushback(header);
   return refusal;
 }
 
@@ -83,11 +103,7 @@ Refusal RefusalOf(const grpc::Status& status, const grpc::ClientContext& context
   refusal.code = status.error_code();
   refusal.message = status.error_message();
   refusal.reason = Trailer(context, "x-bc-reason").value_or("");
-  if (auto ms = Trailer(context, "grpc-retry-pushback-ms"); ms && Number(*ms)) {
-    refusal.pushback = std::chrono::milliseconds(*Number(*ms));
-  } else if (auto seconds = Trailer(context, "retry-after"); seconds && Number(*seconds)) {
-    refusal.pushback = std::chrono::seconds(*Number(*seconds));
-  }
+  refusal.pushback = Pushback([&](const char* name) { return Trailer(context, name); });
   return refusal;
 }
 

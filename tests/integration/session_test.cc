@@ -12,9 +12,11 @@
 #include "daemon/identity.h"
 #include "daemon/join.h"
 #include "daemon/node.h"
+#include "fmt/format.h"
 #include "gtest/gtest.h"
 #include "pki/envelope.h"
 #include "pki/keys.h"
+#include "proto/absl_compat.h"
 #include "proto/frame_codec.h"
 #include "proto/signing_input.h"
 #include "testing/child_process.h"
@@ -64,7 +66,8 @@ class Session : public ::testing::Test {
     daemon_ = *NodeDaemon::Create(config, proto::Mode::kNode,
                                   {.now = [] { return static_cast<int64_t>(std::time(nullptr)); },
                                    .uniform01 = [] { return 0.01; },
-                                   .log = &log_});
+                                   .log = &log_,
+                                   .welcome_timeout = welcome_timeout_});
     runner_ = std::thread([this] { result_ = daemon_->Run(); });
   }
 
@@ -83,7 +86,14 @@ class Session : public ::testing::Test {
   std::unique_ptr<NodeDaemon> daemon_;
   std::thread runner_;
   absl::Status result_;
+  milliseconds welcome_timeout_ = seconds(30);
 };
+
+int Count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
 
 TEST_F(Session, HelloCarriesEveryFieldAndAStatusReportFollows) {
   StartDaemon(JoinAs("n-1"));
@@ -171,15 +181,63 @@ TEST_F(Session, ReconnectsAfterTheGatewayRestarts) {
   EXPECT_EQ(daemon_->Snapshot().welcomes, 2);
 }
 
-TEST_F(Session, HonoursPushback) {
+TEST_F(Session, HonoursPushbackWithinItsBoundsAndWithJitter) {
   Config config = JoinAs("n-1");
   gateway_->RefuseSessions(1, grpc::StatusCode::UNAVAILABLE, "overloaded", 400);
-  auto start = std::chrono::steady_clock::now();
   StartDaemon(config);
   ASSERT_TRUE(gateway_->WaitForWelcomes(1, kWait));
-  // Jitter is fixed at 1 % of a 1 s base (10 ms) here, so only the pushback explains the wait.
-  EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(400));
-  EXPECT_NE(log_text_.str().find("reason=overloaded"), std::string::npos);
+  // 400 ms is below the 1 s floor; jitter (fixed at 0.01 here) adds up to a quarter.
+  EXPECT_NE(log_.Text().find("event=session.ended reason=overloaded error=\"refused (overloaded): "
+                             "refused by the dev gateway\" retry_ms=1002\n"),
+            std::string::npos)
+      << log_.Text();
+}
+
+TEST_F(Session, ARedialStormIsLoggedOnceNotPerRedial) {
+  Config config = JoinAs("n-1");
+  gateway_->RefuseSessions(8, grpc::StatusCode::UNAVAILABLE, "overloaded", 0);
+  StartDaemon(config);
+  ASSERT_TRUE(gateway_->WaitForWelcomes(1, kWait));
+  std::string text = log_.Text();
+  EXPECT_EQ(Count(text, "level=warn event=session.ended"), 5) << text;
+  EXPECT_EQ(Count(text, "level=warn event=session.redialing failures=5"), 1) << text;
+}
+
+TEST_F(Session, AFrameThatDoesNotDecodeEndsTheSessionWhichIsRedialed) {
+  StartDaemon(JoinAs("n-1"));
+  ASSERT_TRUE(gateway_->WaitForReceived("n-1", 1, kWait));
+  ASSERT_TRUE(gateway_->PushUndecodable("n-1"));
+  ASSERT_TRUE(gateway_->WaitForWelcomes(2, kWait)) << "the session was never redialed";
+  EXPECT_NE(log_.Text().find("event=session.ended reason=protocol-error error=\"refused "
+                             "(protocol-error): a ServerFrame from the gateway did not decode: "
+                             "INVALID_FRAME"),
+            std::string::npos)
+      << log_.Text();
+  // The new session serves: a command is answered.
+  ASSERT_TRUE(gateway_->WaitForReceived("n-1", 1, kWait));
+  v1::ServerFrame frame;
+  *frame.mutable_command() = pki_.SignCommand(
+      DevPki::MakeCommand("c-after", "n-1", "inventory.refresh", std::time(nullptr)));
+  ASSERT_TRUE(gateway_->Push("n-1", frame));
+  EXPECT_TRUE(gateway_->WaitForReceived("n-1", 3, kWait));
+}
+
+TEST_F(Session, NoWelcomeInTimeEndsTheSessionAndStatusShowsNoStaleSession) {
+  Config config = JoinAs("n-1");
+  StartDaemon(config);
+  ASSERT_TRUE(gateway_->WaitForWelcomes(1, kWait));
+  StopDaemon();
+  welcome_timeout_ = seconds(1);
+  gateway_->WithholdWelcomes(1);
+  StartDaemon(config);
+  ASSERT_TRUE(
+      daemon_->WaitUntil([](const SessionSnapshot& s) { return s.state == "connecting"; }, kWait));
+  EXPECT_EQ(daemon_->Snapshot().session_id, "") << "not the previous session's id";
+  ASSERT_TRUE(gateway_->WaitForWelcomes(2, kWait)) << "the silent session was never given up";
+  EXPECT_NE(log_.Text().find("event=session.ended reason=protocol-error error=\"refused "
+                             "(protocol-error): no Welcome within 1 s of the session's start\""),
+            std::string::npos)
+      << log_.Text();
 }
 
 TEST_F(Session, RevokedStopsTheDaemonWithoutRedialling) {
@@ -313,14 +371,48 @@ TEST_F(Session, StatusFallsBackToTheStateDir) {
       << text;
 }
 
-TEST_F(Session, ASecondDaemonOnTheSameStateDirIsRefused) {
-  Config config = JoinAs("n-1");
+TEST_F(Session, ASecondDaemonOnTheSameStateDirIsRefusedBeforeItOpensAnything) {
+  JoinAs("n-1");
+  // The first daemon serves the metadata service on a port of its own; a second one that opened
+  // its servers before its check would try that port too, and say so in its log.
+  uint16_t port = static_cast<uint16_t>(bcd::testing::FreeLoopbackPort());
+  dir_.Write("config.toml",
+             ConfigText("state") + fmt::format("[imds]\nlisten = \"127.0.0.1:{}\"\n", port));
+  Config config = *Config::Load(dir_.path() / "config.toml");
   StartDaemon(config);
   ASSERT_TRUE(gateway_->WaitForReceived("n-1", 1, kWait));
+  ASSERT_EQ(daemon_->imds_port(), port);
+  std::ostringstream second_log;
+  Logger log(&second_log, LogLevel::kDebug);
   absl::StatusOr<std::unique_ptr<NodeDaemon>> second = NodeDaemon::Create(
       config, proto::Mode::kNode,
-      {.now = [] { return static_cast<int64_t>(std::time(nullptr)); }, .log = &log_});
+      {.now = [] { return static_cast<int64_t>(std::time(nullptr)); }, .log = &log});
   EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(std::string(ToStd(second.status().message())),
+            "another bcd is already running on " + (dir_.path() / "state").string());
+  EXPECT_EQ(second_log.str(), "") << "it opened something before it was refused";
+}
+
+TEST_F(Session, StatusSaysPermissionDeniedToAUserWhoCannotReadTheStateDir) {
+  JoinAs("n-1");
+  // The config is readable by anyone; the state dir (0700) is not.
+  dir_.Write("public/config.toml", ConfigText("state"));
+  chmod(dir_.path().c_str(), 0755);
+  chmod((dir_.path() / "public").c_str(), 0755);
+  chmod((dir_.path() / "public/config.toml").c_str(), 0644);
+  std::string as_user;
+  if (geteuid() == 0) {
+    as_user = "setpriv --reuid=65534 --regid=65534 --clear-groups ";
+  } else {
+    chmod((dir_.path() / "state").c_str(), 0);  // its owner cannot read it either
+  }
+  bcd::testing::Ran ran = bcd::testing::RunShell(as_user + BCD_BINARY " status --config " +
+                                                 (dir_.path() / "public/config.toml").string());
+  chmod((dir_.path() / "state").c_str(), 0700);
+  EXPECT_EQ(ran.status, 1) << ran.out;
+  EXPECT_EQ(ran.out, "bcd status: cannot read the state dir " + (dir_.path() / "state").string() +
+                         ": permission denied (run bcd status as root, or as the user bcd runs "
+                         "as)\n");
 }
 
 }  // namespace
@@ -406,14 +498,16 @@ TEST_F(Session, AnEventNotAckedBeforeAGatewayRestartIsSentAgainAndThenNeverTwice
 namespace bcd {
 namespace {
 
-TEST_F(Session, ABundleWhoseApproverSetWasRefusedIsNotPersisted) {
-  StartDaemon(JoinAs("n-1"));
+TEST_F(Session, ABundleWhoseApproverSetWasRefusedIsKeptWithTheHeldSetAcrossARestart) {
+  Config config = JoinAs("n-1");
+  StartDaemon(config);
   ASSERT_TRUE(gateway_->WaitForReceived("n-1", 1, kWait));
   std::vector<pki::PrivateKey> first = {*pki::PrivateKey::Generate()};
   std::vector<pki::PrivateKey> takeover = {*pki::PrivateKey::Generate(),
                                            *pki::PrivateKey::Generate()};
   v1::ServerFrame frame;
-  *frame.mutable_trust() = pki_.SignedBundleWithApprovers(2, first, 1, 1);  // the first set: taken
+  v1::SignedTrustBundle held = pki_.SignedBundleWithApprovers(2, first, 1, 1);  // the first set
+  *frame.mutable_trust() = held;
   ASSERT_TRUE(gateway_->Push("n-1", frame));
   *frame.mutable_trust() =
       pki_.SignedBundleWithApprovers(3, takeover, 1, 2);  // not signed by the held set
@@ -423,11 +517,25 @@ TEST_F(Session, ABundleWhoseApproverSetWasRefusedIsNotPersisted) {
   ASSERT_TRUE(gateway_->WaitForReceived("n-1", 5,
                                         kWait));  // two events, two status reports after the first
   EXPECT_NE(log_text_.str().find("event=trust.approver_set_refused"), std::string::npos);
+  pki::TrustState enforced =
+      *pki::TrustState::FromFirstBundle(held, pki_.join_service_key().Public());
+  std::string held_sha = pki::Hex(enforced.approvers().Sha256());
+  std::string status = daemon_->StatusText();
+  EXPECT_NE(status.find("trust version: 3\napprover set: epoch 1, sha256 " + held_sha + "\n"),
+            std::string::npos)
+      << status;
+  // A restart enforces what ran before: version 3, the held set at epoch 1.
+  StopDaemon();
+  StartDaemon(config);
+  ASSERT_TRUE(gateway_->WaitForWelcomes(2, kWait));
+  v1::Hello hello = *gateway_->LastHello("n-1");
+  EXPECT_EQ(hello.trust_version(), 3u);
+  EXPECT_EQ(hello.approver_set_epoch(), 1u);
+  EXPECT_EQ(hello.approver_set_sha256(), enforced.approvers().Sha256());
   Identity stored = *StateDir::Open(dir_.path() / "state")->LoadIdentity();
-  v1::TrustBundle persisted;
-  ASSERT_TRUE(persisted.ParseFromString(stored.trust_bundle.body()));
-  EXPECT_EQ(persisted.version(), 2u) << "version 3 carried a refused approver set";
-  EXPECT_EQ(persisted.approver_keys_size(), 1);
+  pki::TrustState restored = *TrustOf(stored);
+  EXPECT_EQ(restored.version(), 3u);
+  EXPECT_EQ(restored.approvers().approvers().size(), 1u);
 }
 
 }  // namespace

@@ -98,14 +98,35 @@ TEST(RefusalOfHttp, MapsStatusReasonAndPushback) {
   r = RefusalOfHttp(503, {{"retry-after", "7"}}, "busy");
   EXPECT_EQ(r.code, grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(r.pushback, std::chrono::seconds(7));
-  r = RefusalOfHttp(429, {{"grpc-retry-pushback-ms", "250"}, {"retry-after", "7"}}, "slow down");
-  EXPECT_EQ(r.pushback, std::chrono::milliseconds(250));
+  r = RefusalOfHttp(429, {{"grpc-retry-pushback-ms", "2500"}, {"retry-after", "7"}}, "slow down");
+  EXPECT_EQ(r.pushback, std::chrono::milliseconds(2500));
   r = RefusalOfHttp(400, {{"grpc-status", "8"}, {"grpc-message", "too many"}}, "HTTP 400");
   EXPECT_EQ(r.code, grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_EQ(r.message, "too many");
   r = RefusalOfHttp(500, {{"grpc-status", "0"}, {"retry-after", "soon"}}, "odd");
   EXPECT_NE(r.code, grpc::StatusCode::OK);  // an error answer is never a success
   EXPECT_FALSE(r.pushback.has_value());
+}
+
+TEST(RefusalOfHttp, PushbackIsSaturatedAndClampedToOneSecondToOneHour) {
+  using std::chrono::milliseconds;
+  auto pushback = [](std::string name, std::string value) {
+    return RefusalOfHttp(503, {{name, value}}, "busy").pushback;
+  };
+  // 0 would make the redial loop hot; a huge value (or one that overflows when converted) would
+  // make bcd never come back.
+  EXPECT_EQ(pushback("grpc-retry-pushback-ms", "0"), milliseconds(1000));
+  EXPECT_EQ(pushback("retry-after", "0"), milliseconds(1000));
+  EXPECT_EQ(pushback("grpc-retry-pushback-ms", "250"), milliseconds(1000));
+  EXPECT_EQ(pushback("retry-after", "86400"), milliseconds(3600 * 1000));
+  EXPECT_EQ(pushback("retry-after", "9223372036854775807"), milliseconds(3600 * 1000));
+  EXPECT_EQ(pushback("grpc-retry-pushback-ms", "99999999999999999999999999"),
+            milliseconds(3600 * 1000));
+  EXPECT_EQ(pushback("retry-after", "18446744073709551616"), milliseconds(3600 * 1000));
+  for (const char* bad : {"-1", "1e3", " 5", "5s", ""}) {
+    EXPECT_FALSE(pushback("retry-after", bad).has_value()) << bad;
+  }
+  EXPECT_EQ(ParsePushback("3599999", false), milliseconds(3599999));
 }
 
 class WsAuth : public ::testing::Test {
