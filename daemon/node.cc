@@ -54,9 +54,17 @@ absl::Status ApplyDaemonSection(const bettercompute::agent::v1::DaemonSection& s
 }  // namespace
 
 std::vector<std::string> ModeCapabilities(proto::Mode mode, bool websocket) {
-  if (websocket) return {};
-  std::vector<std::string> capabilities = {"tunnel.shell", "tunnel.exec", "tunnel.tcp"};
-  if (mode == proto::Mode::kNode) capabilities.push_back("tunnel.instance-dial");
+  std::vector<std::string> capabilities;
+  if (!websocket) {
+    capabilities = {"tunnel.shell", "tunnel.exec", "tunnel.tcp"};
+    if (mode == proto::Mode::kNode) capabilities.push_back("tunnel.instance-dial");
+  }
+  // Secrets (and, for a VPS host's metadata service, workload tokens) ride either transport.
+  capabilities.push_back("secrets.jwe");
+  if (mode == proto::Mode::kNode) capabilities.push_back("workload-token");
+  // The spec sections applied whole; vps is taken only in part (see the vps applier).
+  capabilities.push_back("spec.daemon");
+  capabilities.push_back("spec.access");
   return capabilities;
 }
 
@@ -70,6 +78,9 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
   if (absl::Status s = transport::RequireTls13(); !s.ok()) return s;
   absl::StatusOr<StateDir> state = StateDir::Open(config.state_dir());
   if (!state.ok()) return state.status();
+  // One daemon per state dir, decided before anything in it is opened.
+  absl::StatusOr<StateDirLock> lock = state->Lock();
+  if (!lock.ok()) return lock.status();
   if (!state->HasIdentity()) {
     return absl::FailedPreconditionError(
         fmt::format("this node has not joined (no identity in {}): run bcd join first",
@@ -86,8 +97,7 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
                     "provisioned machine",
                     not_after, state->path().string()));
   }
-  absl::StatusOr<pki::TrustState> trust =
-      pki::TrustState::FromFirstBundle(identity->trust_bundle, identity->join_service_key);
+  absl::StatusOr<pki::TrustState> trust = TrustOf(*identity);
   if (!trust.ok()) {
     return absl::DataLossError(
         fmt::format("{}: {}", state->TrustBundlePath().string(), ToStd(trust.status().message())));
@@ -97,6 +107,7 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
   spec.keepalive_timeout = env.keepalive_timeout;
   StateDir dir = *state;
   std::unique_ptr<NodeDaemon> daemon(new NodeDaemon());
+  daemon->lock_.emplace(*std::move(lock));
   RenewCall renew = GrpcRenewCall(spec);
   bool websocket = config.websocket().has_value();
   if (websocket) {
@@ -122,8 +133,8 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
           // that dropped the signing roots stops the dialing.
           absl::StatusOr<Identity> identity = dir.LoadIdentity();
           if (!identity.ok()) return identity.status();
-          absl::StatusOr<pki::TrustState> trust =
-              pki::TrustState::FromFirstBundle(identity->trust_bundle, join_service_key);
+          identity->join_service_key = join_service_key;  // the key pinned when bcd started
+          absl::StatusOr<pki::TrustState> trust = TrustOf(*identity);
           if (trust.ok() && trust->command_signing_roots().empty()) {
             return absl::FailedPreconditionError(
                 "the trust bundle has no command-signing roots: the WebSocket session is not "
@@ -163,13 +174,13 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
       .boot_id = boot_id,
       .started_at = env.now(),
       .certificate_not_after = not_after,
-      .on_trust = [dir, log = env.log](const bettercompute::agent::v1::SignedTrustBundle& bundle) {
-        if (absl::Status s =
-                pki::AtomicWriteFile(dir.TrustBundlePath(), bundle.SerializeAsString(), 0600);
-            !s.ok() && log) {
-          log->Warn("trust.persist_failed", {{"error", std::string(ToStd(s.message()))}});
-        }
-      }};
+      .on_trust =
+          [dir, log = env.log](const pki::TrustState& trust) {
+            if (absl::Status s = dir.SaveTrust(trust); !s.ok() && log) {
+              log->Warn("trust.persist_failed", {{"error", std::string(ToStd(s.message()))}});
+            }
+          },
+      .welcome_timeout = env.welcome_timeout};
   absl::StatusOr<Outbox> outbox = Outbox::Open(dir.path(), {.max_entries = env.outbox_max_entries});
   if (!outbox.ok()) return outbox.status();
   daemon->outbox_ = std::make_unique<Outbox>(*std::move(outbox));
@@ -205,7 +216,12 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
                                  const std::function<void()>& remember) {
                             (void)self->engine_->EmitUpdate(update, remember);
                           },
-                      .now = env.now},
+                      .now = env.now,
+                      .event =
+                          [self](const std::string& kind, const std::string& message) {
+                            (void)self->engine_->Emit(bettercompute::agent::v1::SEVERITY_ERROR,
+                                                      kind, message);
+                          }},
       env.log);
   daemon->dispatcher_->Register(
       "inventory.refresh",
@@ -226,10 +242,10 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
   if (mode == proto::Mode::kNode) {
     daemon->reboot_command_ = config.reboot_command();
     daemon->dispatcher_->Register(
-        "node.reboot", std::make_unique<NodeRebootHandler>(
-                           env.now, [self](std::chrono::seconds delay, std::string reason) {
-                             self->ScheduleReboot(delay, std::move(reason));
-                           }));
+        "node.reboot",
+        std::make_unique<NodeRebootHandler>([self](std::chrono::seconds delay, std::string reason) {
+          return self->ScheduleReboot(delay, std::move(reason));
+        }));
   }
   daemon->engine_->set_dispatcher(daemon->dispatcher_.get());
   daemon->secrets_ = std::make_unique<SecretClient>(
@@ -252,19 +268,27 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
       "daemon", [self, log = env.log, interval = env.status_interval](const NodeSpec& spec) {
         return ApplyDaemonSection(spec.daemon(), log, self->engine_.get(), interval);
       });
-  daemon->desired_->Register("access", [](const NodeSpec& spec) -> absl::Status {
-    // The JWKS is kept by DesiredState; tunnels read it from there when they verify a ticket.
-    if (spec.access().tunnel_jwks().empty()) return absl::OkStatus();
-    absl::StatusOr<std::size_t> keys = pki::CheckJwks(spec.access().tunnel_jwks());
-    if (!keys.ok()) return keys.status();
-    return absl::OkStatus();
+  daemon->desired_->Register("access", [max = config.max_tunnels()](const NodeSpec& spec) {
+    // Kept by DesiredState; every OpenTunnel checks the section again and obeys all of it (keys,
+    // allowed_ops, max_tunnels), and opens nothing while it is invalid.
+    return TunnelAccess::FromSection(spec.access(), max).status();
   });
+  if (mode == proto::Mode::kNode) {
+    // Not APPLIED: bcd takes the instances' addresses, but creates, starts and stops nothing.
+    daemon->desired_->Register("vps", [imds = config.imds_listen().has_value()](const NodeSpec&) {
+      return absl::UnimplementedError(fmt::format(
+          "instances are not created, started or stopped by this build (image, vcpus, memory "
+          "and power_state are not acted on); their ids and addresses are taken: {}instance-tcp "
+          "tunnels reach them",
+          imds ? "the metadata service answers them and " : ""));
+    });
+  }
   if (!websocket) {
     absl::StatusOr<std::unique_ptr<TunnelRunner>> tunnels = TunnelRunner::Create(
         {.node_id = identity->node.id.node(),
          .max = config.max_tunnels(),
          .state_dir = dir.path(),
-         .jwks = [self] { return self->desired_->tunnel_jwks(); },
+         .access = [self] { return self->desired_->access(); },
          .now = env.now,
          .user = config.tunnel_user(),
          .allow = config.tunnel_allow(),
@@ -317,10 +341,6 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
       daemon->imds_ = *std::move(imds);
     }
   }
-  if (QueryControl(dir.path() / "bcd.sock").ok()) {
-    return absl::FailedPreconditionError(
-        fmt::format("another bcd is already running on {}", dir.path().string()));
-  }
   daemon->state_dir_ = dir.path();
   daemon->transport_name_ = websocket ? "websocket" : "grpc";
   daemon->log_ = env.log;
@@ -344,19 +364,40 @@ NodeDaemon::~NodeDaemon() {
   if (reboot.joinable()) reboot.join();
 }
 
-void NodeDaemon::ScheduleReboot(std::chrono::seconds delay, std::string reason) {
+int64_t NodeDaemon::ScheduleReboot(std::chrono::seconds delay, std::string reason) {
   std::lock_guard<std::mutex> lock(reboot_mu_);
-  if (stopping_ || reboot_.joinable()) return;  // one is already due: the node reboots once
+  if (reboot_due_) return *reboot_due_;  // one is due: the node reboots once
+  int64_t due = now_() + delay.count();
+  if (stopping_) return due;
+  if (reboot_.joinable()) reboot_.join();  // an earlier one ran: this is a new reboot
+  reboot_due_ = due;
   reboot_ = std::thread([this, delay, reason = std::move(reason)] {
-    auto due = std::chrono::steady_clock::now() + delay;
+    auto abandon = [&](std::string_view why) {
+      log_->Warn("node.reboot_abandoned", {{"reason", reason}, {"why", std::string(why)}});
+      std::lock_guard<std::mutex> lock(reboot_mu_);
+      reboot_due_.reset();
+    };
+    auto due_at = std::chrono::steady_clock::now() + delay;
     {
       std::unique_lock<std::mutex> lock(reboot_mu_);
-      if (reboot_cv_.wait_until(lock, due, [&] { return stopping_; })) return;
+      if (reboot_cv_.wait_until(lock, due_at, [&] { return stopping_; })) {
+        lock.unlock();
+        return abandon("bcd stopped before the reboot was due");
+      }
     }
     // The result should reach the gateway before the node goes down; after 30 s it reboots anyway
-    // and the result goes from the outbox after the restart.
-    engine_->WaitUntil([](const SessionSnapshot& s) { return s.outbox_pending == 0; },
-                       std::chrono::seconds(30));
+    // and the result goes from the outbox after the restart. A daemon that stops meanwhile does
+    // not reboot the machine on its way out.
+    engine_->WaitUntil(
+        [](const SessionSnapshot& s) { return s.outbox_pending == 0 || s.state == "stopped"; },
+        std::chrono::seconds(30));
+    bool stopped;
+    {
+      std::lock_guard<std::mutex> lock(reboot_mu_);
+      stopped = stopping_ || engine_->Snapshot().state == "stopped";
+      if (!stopped) reboot_due_.reset();  // from here a new request is a new reboot
+    }
+    if (stopped) return abandon("bcd stopped before the reboot command ran");
     log_->Warn("node.reboot", {{"reason", reason}, {"command", reboot_command_.front()}});
     SubprocessRunner runner;
     absl::StatusOr<std::string> ran = runner.Run(reboot_command_, std::chrono::minutes(1));
@@ -367,10 +408,13 @@ void NodeDaemon::ScheduleReboot(std::chrono::seconds delay, std::string reason) 
                           "the reboot command failed: " + why);
     }
   });
+  return due;
 }
 
 std::string NodeDaemon::StatusText() const {
-  std::string text = StateDirStatusText(state_dir_, now_());
+  absl::StatusOr<std::string> identity = StateDirStatusText(state_dir_, now_());
+  std::string text =
+      identity.ok() ? *identity : fmt::format("state: {}\n", ToStd(identity.status().message()));
   SessionSnapshot s = engine_->Snapshot();
   text += fmt::format("session: {} over {}", s.state, transport_name_);
   if (!s.session_id.empty()) {

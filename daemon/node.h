@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/config.h"
+#include "daemon/identity.h"
 #include "daemon/inventory.h"
 #include "daemon/log.h"
 #include "daemon/results.h"
@@ -35,6 +36,7 @@ struct NodeDaemonEnv {
   std::chrono::milliseconds status_interval = std::chrono::minutes(5);
   std::chrono::milliseconds keepalive_time = std::chrono::seconds(20);
   std::chrono::milliseconds keepalive_timeout = std::chrono::seconds(20);
+  std::chrono::milliseconds welcome_timeout = std::chrono::seconds(30);
   std::size_t outbox_max_entries = 100000;
   // Programs logs.collect runs (tests point them at scripts).
   std::string journalctl = "journalctl";
@@ -76,6 +78,7 @@ class NodeDaemon {
 
  private:
   NodeDaemon() = default;
+  std::optional<StateDirLock> lock_;  // first: released after everything else is closed
   std::unique_ptr<transport::Transport> transport_;
   std::unique_ptr<SessionEngine> engine_;
   std::unique_ptr<class Renewer> renewer_;
@@ -89,13 +92,15 @@ class NodeDaemon {
   std::unique_ptr<class TunnelRunner> tunnels_;
   std::mutex key_mu_;
   std::optional<pki::PrivateKey> node_key_;  // guarded by key_mu_; replaced at each renewal
-  // node.reboot: waits out the delay and for the outbox to drain, then runs the reboot command.
-  void ScheduleReboot(std::chrono::seconds delay, std::string reason);
+  // node.reboot: waits out the delay and for the outbox to drain, then runs the reboot command;
+  // returns the unix time it is due. While one is due, another request is that one.
+  int64_t ScheduleReboot(std::chrono::seconds delay, std::string reason);
   std::vector<std::string> reboot_command_;
   std::mutex reboot_mu_;
   std::condition_variable reboot_cv_;
-  bool stopping_ = false;  // guarded by reboot_mu_
-  std::thread reboot_;     // guarded by reboot_mu_
+  bool stopping_ = false;              // guarded by reboot_mu_
+  std::optional<int64_t> reboot_due_;  // guarded by reboot_mu_: set while a reboot waits
+  std::thread reboot_;                 // guarded by reboot_mu_
   std::filesystem::path state_dir_;
   std::string transport_name_ = "grpc";  // or "websocket"
   std::function<int64_t()> now_;

@@ -11,11 +11,15 @@
 #include <pwd.h>
 #include <signal.h>
 #include <sys/ioctl.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -111,7 +115,8 @@ ChildArgs MakeArgs(const Account& account, std::vector<std::string> argv, bool l
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);  // bcd blocks SIGTERM and friends in its threads
-  for (int s : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGQUIT}) signal(s, SIG_DFL);
+  for (int s : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD}) signal(s, SIG_DFL);
+  umask(022);  // an operator's session, not bcd's private files (the unit runs bcd with 0077)
   if (account.switch_user && (setgroups(account.groups.size(), account.groups.data()) != 0 ||
                               setgid(account.gid) != 0 || setuid(account.uid) != 0)) {
     _exit(126);
@@ -134,6 +139,139 @@ ChildArgs MakeArgs(const Account& account, std::vector<std::string> argv, bool l
     }
   }
   _exit(127);
+}
+
+// The tunnel's keeper: the process between bcd and what a shell or exec runs. It is a child
+// subreaper, so whatever its command leaves behind (a setsid'd or double-forked process included)
+// is reparented to it rather than to init; on SIGTERM from bcd (or bcd's death), or once the
+// command exits, it kills every process below it and exits with the command's exit code
+// (128 + the signal when one ended it). Only async-signal-safe calls: it runs in a fork of a
+// multithreaded bcd and never execs.
+
+// Sends SIGKILL to every process whose parent is this one (scanning /proc); true when it found one.
+bool KillChildren() {
+  int dir = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return false;
+  pid_t self = getpid();
+  bool found = false;
+  alignas(8) char entries[4096];
+  while (true) {
+    long n = syscall(SYS_getdents64, dir, entries, sizeof entries);
+    if (n <= 0) break;
+    for (long at = 0; at < n;) {
+      struct Entry {
+        uint64_t ino;
+        int64_t off;
+        unsigned short reclen;
+        unsigned char type;
+        char name[1];
+      };
+      const auto* entry = reinterpret_cast<const Entry*>(entries + at);
+      at += entry->reclen;
+      pid_t pid = 0;
+      const char* c = entry->name;
+      for (; *c >= '0' && *c <= '9'; ++c) pid = pid * 10 + (*c - '0');
+      if (*c != '\0' || pid <= 0) continue;
+      // /proc/<pid>/stat: "pid (comm) state ppid ...", comm may hold anything: read after the
+      // last ')'.
+      char path[32] = "/proc/";
+      char digits[16];
+      int d = 0;
+      for (pid_t v = pid; v > 0; v /= 10) digits[d++] = static_cast<char>('0' + v % 10);
+      int p = 6;
+      while (d > 0) path[p++] = digits[--d];
+      const char* tail = "/stat";
+      for (int i = 0; tail[i] != '\0'; ++i) path[p++] = tail[i];
+      path[p] = '\0';
+      int fd = open(path, O_RDONLY | O_CLOEXEC);
+      if (fd < 0) continue;
+      char stat[512];
+      ssize_t got = read(fd, stat, sizeof stat - 1);
+      close(fd);
+      if (got <= 0) continue;
+      stat[got] = '\0';
+      char* close_paren = nullptr;
+      for (char* q = stat; *q != '\0'; ++q) {
+        if (*q == ')') close_paren = q;
+      }
+      if (close_paren == nullptr || close_paren[1] != ' ' || close_paren[2] == '\0') continue;
+      const char* q = close_paren + 4;  // past ") S "
+      pid_t parent = 0;
+      for (; *q >= '0' && *q <= '9'; ++q) parent = parent * 10 + (*q - '0');
+      if (parent == self) {
+        kill(pid, SIGKILL);
+        found = true;
+      }
+    }
+  }
+  close(dir);
+  return found;
+}
+
+// Becomes the keeper of `command` (a child of this process, leader of its own process group when
+// it made one). Never returns.
+[[noreturn]] void Keep(pid_t command, const sigset_t& signals) {
+  int code = 255;
+  bool done = false;
+  while (!done) {
+    siginfo_t info{};
+    int signal = sigwaitinfo(&signals, &info);
+    if (signal == SIGTERM) break;
+    if (signal != SIGCHLD) continue;
+    int status = 0;
+    pid_t ended;
+    while ((ended = waitpid(-1, &status, WNOHANG)) > 0) {
+      if (ended == command) {
+        code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        done = true;
+      }
+    }
+  }
+  // Everything below goes: the command's group at once, then whatever is parented here, round
+  // after round (the children of a killed process are reparented here), until nothing is left.
+  while (true) {
+    kill(-command, SIGKILL);
+    kill(command, SIGKILL);
+    KillChildren();
+    int status = 0;
+    pid_t ended;
+    while ((ended = waitpid(-1, &status, WNOHANG)) > 0) {
+      if (ended == command && !done) {
+        code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        done = true;
+      }
+    }
+    if (ended < 0 && errno == ECHILD) break;
+    timespec pause{0, 2 * 1000 * 1000};
+    nanosleep(&pause, nullptr);
+  }
+  _exit(code);
+}
+
+// In the child of bcd's fork, with the command's standard fds already on 0..2: becomes a
+// subreaper, closes every other fd bcd had (another tunnel's stdin pipe among them), starts the
+// command and keeps it. `own_group`: the command leads a process group of its own (exec).
+[[noreturn]] void StartKept(const Account& account, const ChildArgs& args, bool own_group) {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGCHLD);
+  sigaddset(&signals, SIGTERM);
+  sigprocmask(SIG_BLOCK, &signals, nullptr);
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  prctl(PR_SET_PDEATHSIG, SIGTERM);  // bcd gone: everything below goes too
+  close_range(3, ~0U, 0);
+  pid_t command = fork();
+  if (command < 0) _exit(126);
+  if (command == 0) {
+    if (own_group) setpgid(0, 0);
+    ExecChild(account, args);
+  }
+  if (own_group) setpgid(command, command);
+  // The keeper holds none of the command's fds: its output ends when the command's does.
+  int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+  for (int fd = 0; fd < 3; ++fd) dup2(null, fd);
+  if (null > 2) close(null);
+  Keep(command, signals);
 }
 
 bool WriteAll(int fd, const char* data, std::size_t size) {
@@ -234,7 +372,7 @@ struct TunnelRunner::Tunnel {
   std::condition_variable cv;
   bool closing = false;      // guarded by mu: the operator's side ended
   bool reader_done = false;  // guarded by mu
-  pid_t group = -1;          // guarded by mu: the process group to kill on close
+  pid_t keeper = -1;         // guarded by mu: told (SIGTERM) to end everything on close
   int socket = -1;           // guarded by mu: the tcp socket to shut down on close
   int input = -1;            // guarded by mu: where channel 0 goes (stdin pipe, PTY, socket)
   int pty = -1;              // guarded by mu: for resize
@@ -243,7 +381,7 @@ struct TunnelRunner::Tunnel {
   void Stop() {
     std::lock_guard<std::mutex> lock(mu);
     closing = true;
-    if (group > 0) kill(-group, SIGKILL);
+    if (keeper > 0) kill(keeper, SIGTERM);
     if (socket >= 0) shutdown(socket, SHUT_RDWR);
   }
 
@@ -310,7 +448,7 @@ struct TunnelRunner::Tunnel {
       if (poll(polls.data(), polls.size(), 500) < 0 && errno != EINTR) return;
       {
         std::lock_guard<std::mutex> lock(mu);
-        if (closing && group <= 0 && socket < 0) return;
+        if (closing && keeper <= 0 && socket < 0) return;
       }
       for (std::size_t p = 0; p < polls.size(); ++p) {
         if (polls[p].revents == 0) continue;
@@ -340,6 +478,33 @@ struct TunnelRunner::Tunnel {
     }
   }
 };
+
+absl::StatusOr<TunnelAccess> TunnelAccess::FromSection(const v1::AccessSection& section,
+                                                       uint32_t config_max) {
+  TunnelAccess access;
+  for (const std::string& op : section.allowed_ops()) {
+    if (op != "shell" && op != "exec" && op != "tcp" && op != "instance-tcp") {
+      return absl::InvalidArgumentError(fmt::format(
+          "allowed_ops: \"{}\" is not shell, exec, tcp or instance-tcp", op.substr(0, 64)));
+    }
+    access.ops.insert(op);
+  }
+  if (section.max_tunnels() > kMaxTunnels) {
+    return absl::InvalidArgumentError(
+        fmt::format("max_tunnels {} is above {}", section.max_tunnels(), kMaxTunnels));
+  }
+  access.max =
+      section.max_tunnels() == 0 ? config_max : std::min(config_max, section.max_tunnels());
+  if (!section.tunnel_jwks().empty()) {
+    absl::StatusOr<std::size_t> keys = pki::CheckJwks(section.tunnel_jwks());
+    if (!keys.ok()) {
+      return absl::InvalidArgumentError(
+          fmt::format("tunnel_jwks: {}", ToStd(keys.status().message())));
+    }
+  }
+  access.jwks = section.tunnel_jwks();
+  return access;
+}
 
 absl::StatusOr<std::unique_ptr<TunnelRunner>> TunnelRunner::Create(TunnelRunnerOptions options,
                                                                    Logger* log) {
@@ -399,15 +564,24 @@ absl::Status TunnelRunner::Open(const v1::OpenTunnel& open, transport::FrameStre
   const std::string& id = open.tunnel_id();
   if (id.empty() || id.size() > 128)
     return Refuse(id.substr(0, 128), "a tunnel id of 1 to 128 bytes");
-  std::string jwks = options_.jwks ? options_.jwks() : "";
-  if (jwks.empty()) {
+  absl::StatusOr<TunnelAccess> access = TunnelAccess::FromSection(
+      options_.access ? options_.access() : v1::AccessSection(), options_.max);
+  if (!access.ok()) {
+    return Refuse(id, fmt::format("the access section was not applied: {}",
+                                  ToStd(access.status().message())));
+  }
+  if (access->jwks.empty()) {
     return Refuse(id, "no tunnel keys: the desired state's access section has no tunnel_jwks");
   }
   int64_t now = options_.now();
   absl::StatusOr<pki::TunnelTicket> ticket = pki::TunnelTicket::Verify(
-      open.ticket(), jwks,
+      open.ticket(), access->jwks,
       {.node_id = options_.node_id, .session_id = session_id, .tunnel_id = id, .now = now});
   if (!ticket.ok()) return Refuse(id, std::string(ToStd(ticket.status().message())));
+  if (!access->ops.contains(ticket->op())) {
+    return Refuse(
+        id, fmt::format("op \"{}\" is not in the access section's allowed_ops", ticket->op()));
+  }
   if (ticket->op() == "instance-tcp" && !options_.instance_dial) {
     return Refuse(id, "instance-tcp is not offered here (no tunnel.instance-dial)");
   }
@@ -422,9 +596,10 @@ absl::Status TunnelRunner::Open(const v1::OpenTunnel& open, transport::FrameStre
   {
     std::lock_guard<std::mutex> lock(mu_);
     Reap();
-    if (tunnels_.size() >= options_.max) {
-      return Refuse(
-          id, fmt::format("{} tunnels are open, the most [tunnels] max allows", tunnels_.size()));
+    if (tunnels_.size() >= access->max) {
+      return Refuse(id, fmt::format("{} tunnels are open, the most the access section and "
+                                    "[tunnels] max allow",
+                                    tunnels_.size()));
     }
     if (absl::Status s = jti_.Use(*ticket, now); !s.ok()) {
       return Refuse(id, absl::IsAlreadyExists(s) ? "the ticket's jti was used before"
@@ -463,18 +638,18 @@ absl::Status TunnelRunner::Open(const v1::OpenTunnel& open, transport::FrameStre
       int in[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1};
       int master = -1;
       pid_t pid = -1;
+      // `pid` is the keeper (StartKept), which runs the command below it.
       if (shell) {
         winsize size{};
         size.ws_row = ticket.rows() ? ticket.rows() : 24;
         size.ws_col = ticket.cols() ? ticket.cols() : 80;
         pid = forkpty(&master, nullptr, nullptr, &size);
-        if (pid == 0) ExecChild(*account, args);
+        if (pid == 0) StartKept(*account, args, /*own_group=*/false);
         if (master >= 0) fcntl(master, F_SETFD, FD_CLOEXEC);
       } else if (pipe2(in, O_CLOEXEC) == 0 && pipe2(out, O_CLOEXEC) == 0 &&
                  pipe2(err, O_CLOEXEC) == 0) {
         pid = fork();
         if (pid == 0) {
-          setpgid(0, 0);
           // A pipe end that landed on 0..2 (bcd started with a standard fd closed) is moved out
           // of the way first, so one dup2 cannot overwrite another's source.
           int fds[3] = {in[0], out[1], err[1]};
@@ -482,31 +657,35 @@ absl::Status TunnelRunner::Open(const v1::OpenTunnel& open, transport::FrameStre
             if (fd < 3) fd = fcntl(fd, F_DUPFD, 3);
           }
           for (int i = 0; i < 3; ++i) dup2(fds[i], i);
-          ExecChild(*account, args);
+          StartKept(*account, args, /*own_group=*/true);
         }
       }
       if (pid < 0) {
         closed = Closed(255, fmt::format("cannot start: {}", std::strerror(errno)));
       } else {
-        if (!shell) setpgid(pid, pid);  // both sides set it: no window where it is unset
         for (int fd : {in[0], out[1], err[1]}) {
           if (fd >= 0) close(fd);
         }
         {
           std::lock_guard<std::mutex> lock(t.mu);
-          t.group = pid;
+          t.keeper = pid;
           t.input = shell ? master : in[1];
           t.pty = master;
-          if (t.closing) kill(-pid, SIGKILL);
+          if (t.closing) kill(pid, SIGTERM);
         }
         start_reader();
         t.Pump(shell ? std::vector<int>{master} : std::vector<int>{out[0], err[0]});
+        {
+          // The command's output ended: it exited (and the keeper killed what it left behind),
+          // or the tunnel closed. Either way the keeper ends everything and exits.
+          std::lock_guard<std::mutex> lock(t.mu);
+          if (t.closing) kill(pid, SIGTERM);
+        }
         int status = 0;
         while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
         }
         std::lock_guard<std::mutex> lock(t.mu);
-        kill(-pid, SIGKILL);  // whatever it left behind goes with it
-        t.group = -1;
+        t.keeper = -1;
         // Closed once the stream reader is done with them (it may be writing to the input).
         if (t.input >= 0 && t.input != master) to_close.push_back(t.input);
         t.input = -1;

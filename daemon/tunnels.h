@@ -2,7 +2,8 @@
 
 // The tunnel runner: an OpenTunnel on the session becomes a Tunnel stream on the same connection,
 // once its ticket checks out again here (ES256 against the access section's JWKS, aud node:<id>,
-// at most 60 s, sid = this session, tid = the tunnel id) and its jti was never used (persisted).
+// at most 60 s, sid = this session, tid = the tunnel id), its op is one the access section allows,
+// and its jti was never used (persisted).
 // A refused ticket opens nothing (the gateway's open times out); the reason goes to the log and a
 // `tunnel.refused` event, never the ticket itself.
 //
@@ -26,11 +27,13 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "bettercompute/agent/v1/spec.pb.h"
 #include "daemon/config.h"
 #include "daemon/log.h"
 #include "pki/jwt.h"
@@ -38,11 +41,25 @@
 
 namespace bcd {
 
+// What the desired state's access section allows, checked: the keys tickets are verified against,
+// the ops (an empty allowed_ops allows none), and how many tunnels at once (the smaller of
+// [tunnels] max and the section's max_tunnels; 0 there takes the config's).
+struct TunnelAccess {
+  std::string jwks;
+  std::set<std::string> ops;
+  uint32_t max = 0;
+  // InvalidArgument naming the field for an op bcd does not know, a max_tunnels above 16, or a
+  // JWKS with an unusable key: such a section is not applied (and no tunnel opens).
+  static absl::StatusOr<TunnelAccess> FromSection(
+      const bettercompute::agent::v1::AccessSection& section, uint32_t config_max);
+};
+
 struct TunnelRunnerOptions {
   std::string node_id;
-  uint32_t max = kMaxTunnels;
-  std::filesystem::path state_dir;     // holds the jti set (tunnel-jti)
-  std::function<std::string()> jwks;   // the access section's tunnel_jwks, "" when none
+  uint32_t max = kMaxTunnels;       // [tunnels] max
+  std::filesystem::path state_dir;  // holds the jti set (tunnel-jti)
+  // The access section of the applied desired state (empty when none).
+  std::function<bettercompute::agent::v1::AccessSection()> access;
   std::function<int64_t()> now;        // unix seconds
   std::string user;                    // shell and exec log in as this user; "" = bcd's own
   std::vector<TunnelAllowRule> allow;  // where tcp may go

@@ -194,6 +194,13 @@ absl::StatusOr<JtiSet> JtiSet::Load(const std::filesystem::path& path) {
     std::size_t nl = rest.find('\n');
     std::string_view entry = rest.substr(0, nl);
     rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
+    if (entry.starts_with("F ")) {  // the floor
+      auto [end, ec] = std::from_chars(entry.data() + 2, entry.data() + entry.size(), set.floor_);
+      if (ec != std::errc() || end != entry.data() + entry.size()) {
+        return absl::DataLossError(fmt::format("{}:{}: corrupt jti floor", path.string(), line));
+      }
+      continue;
+    }
     std::size_t space = entry.find(' ');
     int64_t exp = 0;
     auto [end, ec] =
@@ -215,7 +222,21 @@ absl::Status JtiSet::Use(std::string_view jti, int64_t exp, int64_t now) {
   if (entries_.contains(jti))
     return absl::AlreadyExistsError(
         fmt::format("tunnel ticket refused: jti \"{}\" was used before", jti));
-  std::erase_if(entries_, [&](const auto& entry) { return entry.second + kTicketClockSkew < now; });
+  if (exp <= floor_) {
+    return absl::FailedPreconditionError(fmt::format(
+        "tunnel ticket refused: it expired at {}, no later than tickets whose jti were forgotten "
+        "(until {}); its jti cannot be checked",
+        exp, floor_));
+  }
+  std::erase_if(entries_, [&](const auto& entry) {
+    if (entry.second + kTicketClockSkew >= now) return false;
+    floor_ = std::max(floor_, entry.second);
+    return true;
+  });
+  if (exp <= floor_) {
+    return absl::FailedPreconditionError(
+        fmt::format("tunnel ticket refused: it expired at {} (now {})", exp, now));
+  }
   if (entries_.size() >= kMaxEntries) {
     return absl::ResourceExhaustedError("tunnel ticket refused: too many unexpired tickets in use");
   }
@@ -223,7 +244,7 @@ absl::Status JtiSet::Use(std::string_view jti, int64_t exp, int64_t now) {
     return absl::InvalidArgumentError("tunnel ticket refused: jti has a line break");
   }
   auto [it, inserted] = entries_.emplace(std::string(jti), exp);
-  std::string text;
+  std::string text = floor_ > 0 ? fmt::format("F {}\n", floor_) : "";
   for (const auto& [id, expiry] : entries_) text += fmt::format("{} {}\n", expiry, id);
   if (absl::Status status = AtomicWriteFile(path_, text, 0600); !status.ok()) {
     entries_.erase(it);  // not remembered on disk: refuse rather than allow a replay after restart

@@ -18,7 +18,9 @@
 namespace bcd::pki {
 
 inline constexpr int64_t kTicketMaxLifetime = 60;  // exp - iat, seconds
-inline constexpr int64_t kTicketClockSkew = 30;    // tolerated difference of clocks, seconds
+// The tolerated difference between the gateway's clock and this node's, seconds: a ticket is taken
+// from iat - 10 s to exp + 10 s of this node's clock (70 s after iat at the most).
+inline constexpr int64_t kTicketClockSkew = 10;
 inline constexpr std::size_t kMaxTicketBytes = 16 * 1024;
 
 struct TicketExpectation {
@@ -54,6 +56,9 @@ class TunnelTicket {
 };
 
 // The jti of every ticket used and not yet expired, persisted so a restart cannot replay one.
+// A jti is forgotten only once its ticket is past exp + skew, and the set then keeps a floor: the
+// latest exp it forgot. A ticket whose exp is not above the floor is refused outright, so a
+// forgotten jti can never be used again, whatever the clock does later (a step back included).
 // Not thread-safe.
 class JtiSet {
  public:
@@ -66,11 +71,13 @@ class JtiSet {
   absl::Status Use(const TunnelTicket& ticket, int64_t now);
   absl::Status Use(std::string_view jti, int64_t exp, int64_t now);
   std::size_t size() const { return entries_.size(); }
+  int64_t floor() const { return floor_; }
 
  private:
   explicit JtiSet(std::filesystem::path path) : path_(std::move(path)) {}
   std::filesystem::path path_;
   std::map<std::string, int64_t, std::less<>> entries_;  // jti -> exp
+  int64_t floor_ = 0;                                    // the latest exp forgotten
 };
 
 // Signs `claims_json` as a compact ES256 JWS with header {"alg":"ES256","kid":kid,"typ":"JWT"}.

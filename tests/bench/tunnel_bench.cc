@@ -148,7 +148,7 @@ int main(int argc, char** argv) {
   v1::NodeSpec spec;
   spec.set_node_id("bench");
   spec.set_generation(1);
-  spec.mutable_access()->set_tunnel_jwks(gateway->TunnelJwks());
+  *spec.mutable_access() = gateway->TunnelAccess();
   v1::ServerFrame frame;
   *frame.mutable_desired_state() = pki.SignSpec(spec);
   gateway->Push("bench", frame);

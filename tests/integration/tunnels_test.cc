@@ -4,10 +4,13 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -85,7 +88,7 @@ class Tunnels : public ::testing::Test {
     v1::NodeSpec node_spec;
     node_spec.set_node_id("n-1");
     node_spec.set_generation(1);
-    node_spec.mutable_access()->set_tunnel_jwks(gateway_->TunnelJwks());
+    *node_spec.mutable_access() = gateway_->TunnelAccess();
     v1::ServerFrame frame;
     *frame.mutable_desired_state() = pki_.SignSpec(node_spec);
     EXPECT_TRUE(gateway_->Push("n-1", frame));
@@ -148,11 +151,12 @@ class Tunnels : public ::testing::Test {
   std::thread runner_;
 };
 
-TEST_F(Tunnels, HelloAdvertisesTheTunnelOps) {
+TEST_F(Tunnels, HelloAdvertisesWhatThisBuildDoes) {
   v1::Hello hello = *gateway_->LastHello("n-1");
   std::vector<std::string> caps(hello.capabilities().begin(), hello.capabilities().end());
   EXPECT_EQ(caps, (std::vector<std::string>{"tunnel.shell", "tunnel.exec", "tunnel.tcp",
-                                            "tunnel.instance-dial"}));
+                                            "tunnel.instance-dial", "secrets.jwe", "workload-token",
+                                            "spec.daemon", "spec.access"}));
 }
 
 TEST_F(Tunnels, ExecSeparatesStdoutFromStderrAndReportsTheExitCode) {
@@ -228,7 +232,7 @@ TEST_F(Tunnels, InstanceTcpReachesAnInstanceOfTheVpsSection) {
   v1::NodeSpec node_spec;
   node_spec.set_node_id("n-1");
   node_spec.set_generation(2);
-  node_spec.mutable_access()->set_tunnel_jwks(gateway_->TunnelJwks());
+  *node_spec.mutable_access() = gateway_->TunnelAccess();
   v1::VpsInstance* instance = node_spec.mutable_vps()->add_instances();
   instance->set_instance_id("vm-1");
   instance->set_address("127.0.0.1");
@@ -286,6 +290,22 @@ TEST_F(Tunnels, TheSeventeenthIsRefusedAndClosingOneMakesRoom) {
   EXPECT_EQ(next.Collect(kWait).out, "room\n");
 }
 
+// Whether `pid` is gone (or a zombie: killed, waiting to be reaped).
+bool Dead(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  std::size_t paren = text.rfind(')');
+  return text.empty() || (paren != std::string::npos && text.substr(paren + 2, 1) == "Z");
+}
+
+bool WaitDead(pid_t pid) {
+  for (int i = 0; i < 500; ++i) {
+    if (Dead(pid)) return true;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  return false;
+}
+
 TEST_F(Tunnels, ClosingMidTransferKillsTheProcessGroup) {
   DevTunnel tunnel = Exec({"sh", "-c", "sleep 300 & echo $!; echo $$; cat /dev/zero"});
   ASSERT_TRUE(tunnel.WaitOpened(kWait));
@@ -296,22 +316,122 @@ TEST_F(Tunnels, ClosingMidTransferKillsTheProcessGroup) {
   ASSERT_GT(child, 0) << out;
   tunnel.Cancel();
   // Gone, or a zombie waiting for whoever reaps orphans here (killed all the same).
-  auto dead = [](pid_t pid) {
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-    std::size_t paren = text.rfind(')');
-    return text.empty() || (paren != std::string::npos && text.substr(paren + 2, 1) == "Z");
-  };
-  bool gone = false;
-  for (int i = 0; i < 250 && !gone; ++i) {
-    gone = dead(child) && dead(shell);
-    if (!gone) std::this_thread::sleep_for(milliseconds(20));
-  }
-  EXPECT_TRUE(gone) << "the tunnel's processes outlived it";
+  EXPECT_TRUE(WaitDead(child) && WaitDead(shell)) << "the tunnel's processes outlived it";
   for (int i = 0; i < 250 && daemon_->tunnels_open() > 0; ++i) {
     std::this_thread::sleep_for(milliseconds(20));
   }
   EXPECT_EQ(daemon_->tunnels_open(), 0);
+}
+
+TEST_F(Tunnels, AProcessThatLeftTheProcessGroupGoesWithTheTunnelToo) {
+  // setsid: a new session and process group; the subshell's double fork: parented to nobody.
+  DevTunnel tunnel =
+      Exec({"sh", "-c", "setsid sleep 300 & echo $!; (sleep 301 & echo $!) ; cat /dev/zero"});
+  ASSERT_TRUE(tunnel.WaitOpened(kWait));
+  std::string out = tunnel.ReadUntil("\n", kWait);
+  while (std::count(out.begin(), out.end(), '\n') < 2) out += tunnel.ReadUntil("\n", kWait);
+  std::istringstream pids(out);
+  pid_t escaped = 0, orphan = 0;
+  pids >> escaped >> orphan;
+  ASSERT_GT(escaped, 0) << out;
+  ASSERT_GT(orphan, 0) << out;
+  ASSERT_FALSE(Dead(escaped));
+  tunnel.Cancel();
+  EXPECT_TRUE(WaitDead(escaped)) << "a setsid'd process outlived its tunnel";
+  EXPECT_TRUE(WaitDead(orphan)) << "an orphaned process outlived its tunnel";
+}
+
+TEST_F(Tunnels, WhatACommandLeavesBehindEndsWithItAndItsExitCodeIsKept) {
+  DevTunnel tunnel = Exec({"sh", "-c", "setsid sleep 300 >/dev/null 2>&1 & echo $!; exit 5"});
+  ASSERT_TRUE(tunnel.WaitOpened(kWait));
+  DevTunnel::Outcome outcome = tunnel.Collect(kWait);
+  EXPECT_TRUE(outcome.closed);
+  EXPECT_EQ(outcome.exit_code, 5);
+  pid_t left = std::atoi(outcome.out.c_str());
+  ASSERT_GT(left, 0) << outcome.out;
+  EXPECT_TRUE(WaitDead(left));
+}
+
+TEST_F(Tunnels, ACommandGetsItsStandardFdsAndNothingElseOfTheProcess) {
+  DevTunnel tunnel = Exec({"sh", "-c", "echo $$; exec sleep 30"});
+  ASSERT_TRUE(tunnel.WaitOpened(kWait));
+  pid_t pid = std::atoi(tunnel.ReadUntil("\n", kWait).c_str());
+  ASSERT_GT(pid, 0);
+  std::set<int> fds;
+  for (const auto& entry :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd"))
+    fds.insert(std::stoi(entry.path().filename().string()));
+  EXPECT_EQ(fds, (std::set<int>{0, 1, 2}))
+      << "a socket or pipe of bcd (or of the gateway beside it)";
+  tunnel.Cancel();
+}
+
+TEST_F(Tunnels, ChildrenDoNotInheritBcdsPrivateUmask) {
+  mode_t before = umask(077);  // as the unit runs bcd
+  DevTunnel tunnel = Exec({"sh", "-c", "umask"});
+  bool opened = tunnel.WaitOpened(kWait);
+  umask(before);
+  ASSERT_TRUE(opened);
+  EXPECT_EQ(tunnel.Collect(kWait).out, "0022\n");
+}
+
+// Applies a spec of generation `generation` with `access`; the ack's state of the access section.
+v1::SectionState ApplyAccess(DevGateway& gateway, DevPki& pki, uint64_t generation,
+                             const v1::AccessSection& access, std::string* message) {
+  v1::NodeSpec node_spec;
+  node_spec.set_node_id("n-1");
+  node_spec.set_generation(generation);
+  *node_spec.mutable_access() = access;
+  v1::ServerFrame frame;
+  *frame.mutable_desired_state() = pki.SignSpec(node_spec);
+  EXPECT_TRUE(gateway.Push("n-1", frame));
+  for (int i = 0; i < 500; ++i) {
+    for (const auto& f : gateway.Received("n-1")) {
+      if (f.has_spec_ack() && f.spec_ack().generation() == generation) {
+        for (const v1::SectionStatus& section : f.spec_ack().sections()) {
+          if (section.name() != "access") continue;
+          *message = section.message();
+          return section.state();
+        }
+      }
+    }
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  return v1::SECTION_STATE_UNSPECIFIED;
+}
+
+TEST_F(Tunnels, TheAccessSectionDecidesWhichOpsAndHowManyTunnels) {
+  std::string message;
+  v1::AccessSection access = gateway_->TunnelAccess({"exec"});
+  access.set_max_tunnels(2);
+  ASSERT_EQ(ApplyAccess(*gateway_, pki_, 2, access, &message), v1::SECTION_STATE_APPLIED)
+      << message;
+  ExpectRefused({.op = "shell"}, "op \"shell\" is not in the access section's allowed_ops");
+  ExpectRefused({.op = "tcp", .host = "127.0.0.1", .port = 22},
+                "op \"tcp\" is not in the access section's allowed_ops");
+  DevTunnel one = Exec({"sleep", "60"}), two = Exec({"sleep", "60"});
+  ASSERT_TRUE(one.WaitOpened(kWait));
+  ASSERT_TRUE(two.WaitOpened(kWait));
+  ExpectRefused({.op = "exec", .cmd = {"true"}},
+                "2 tunnels are open, the most the access section and [tunnels] max allow");
+  one.Cancel();
+  two.Cancel();
+  // An empty allowed_ops allows nothing.
+  ASSERT_EQ(ApplyAccess(*gateway_, pki_, 3, gateway_->TunnelAccess({}), &message),
+            v1::SECTION_STATE_APPLIED);
+  ExpectRefused({.op = "exec", .cmd = {"true"}},
+                "op \"exec\" is not in the access section's allowed_ops");
+  // A section bcd cannot apply whole is FAILED, and opens nothing.
+  access = gateway_->TunnelAccess({"exec", "rm"});
+  EXPECT_EQ(ApplyAccess(*gateway_, pki_, 4, access, &message), v1::SECTION_STATE_FAILED);
+  EXPECT_EQ(message, "allowed_ops: \"rm\" is not shell, exec, tcp or instance-tcp");
+  ExpectRefused({.op = "exec", .cmd = {"true"}},
+                "the access section was not applied: allowed_ops: \"rm\" is not shell, exec, "
+                "tcp or instance-tcp");
+  access = gateway_->TunnelAccess();
+  access.set_max_tunnels(17);
+  EXPECT_EQ(ApplyAccess(*gateway_, pki_, 5, access, &message), v1::SECTION_STATE_FAILED);
+  EXPECT_EQ(message, "max_tunnels 17 is above 16");
 }
 
 TEST_F(Tunnels, AReaderThatStopsReadingStopsTheWriter) {

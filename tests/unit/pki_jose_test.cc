@@ -140,9 +140,9 @@ TEST_F(Ticket, RefusesEachBadTicket) {
 TEST_F(Ticket, ToleratesClockSkewButNoMore) {
   EXPECT_TRUE(Verify("valid", kFixtureNow + 60 + kTicketClockSkew).ok());
   EXPECT_EQ(Message(Verify("valid", kFixtureNow + 61 + kTicketClockSkew).status()),
-            "tunnel ticket refused: it expired at 1800000060 (now 1800000091)");
+            "tunnel ticket refused: it expired at 1800000060 (now 1800000071)");
   EXPECT_EQ(Message(Verify("valid", kFixtureNow - kTicketClockSkew - 1).status()),
-            "tunnel ticket refused: it is issued in the future, at 1800000000 (now 1799999969)");
+            "tunnel ticket refused: it is issued in the future, at 1800000000 (now 1799999989)");
 }
 
 TEST_F(Ticket, RefusesATicketForAnotherTunnelOrNode) {
@@ -223,6 +223,40 @@ TEST_F(Jti, ForgetsExpiredEntries) {
   EXPECT_TRUE(set.Use("old", 100, 50).ok());
   EXPECT_TRUE(set.Use("new", 1000, 100 + kTicketClockSkew + 1).ok());
   EXPECT_EQ(set.size(), 1u);
+}
+
+TEST_F(Jti, AForgottenJtiCannotComeBackWhenTheClockStepsBack) {
+  {
+    JtiSet set = *JtiSet::Load(path_);
+    ASSERT_TRUE(set.Use("early", 1060, 1000).ok());
+    // An hour later (or a clock stepped forward): "early" is forgotten, its exp kept as the floor.
+    ASSERT_TRUE(set.Use("later", 4660, 4600).ok());
+    EXPECT_EQ(set.size(), 1u);
+    EXPECT_EQ(set.floor(), 1060);
+  }
+  // The clock steps back, and a restart comes between: the replay is still refused.
+  JtiSet set = *JtiSet::Load(path_);
+  absl::Status replay = set.Use("early", 1060, 1001);
+  EXPECT_EQ(replay.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Message(replay),
+            "tunnel ticket refused: it expired at 1060, no later than tickets whose jti were "
+            "forgotten (until 1060); its jti cannot be checked");
+  EXPECT_TRUE(set.Use("fresh", 1070, 1001).ok()) << "a ticket newer than the floor is checked";
+}
+
+TEST(TicketSkew, IsTenSecondsEachWay) {
+  PrivateKey key = *PrivateKey::Generate();
+  std::string jwks = JwksOf(key.Public(), "k1");
+  auto verify = [&](int64_t now) {
+    std::string claims =
+        R"({"aud":"node:n-1","jti":"x","iat":1000,"exp":1060,"sid":"s","tid":"t","op":"exec","cmd":["true"]})";
+    return TunnelTicket::Verify(*SignJwt(claims, key, "k1"), jwks, {"n-1", "s", "t", now}).status();
+  };
+  EXPECT_TRUE(verify(990).ok());
+  EXPECT_EQ(Message(verify(989)),
+            "tunnel ticket refused: it is issued in the future, at 1000 (now 989)");
+  EXPECT_TRUE(verify(1070).ok());
+  EXPECT_EQ(Message(verify(1071)), "tunnel ticket refused: it expired at 1060 (now 1071)");
 }
 
 TEST_F(Jti, ACorruptFileIsAnErrorNamingIt) {
