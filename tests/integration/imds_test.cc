@@ -3,7 +3,14 @@
 
 #include "daemon/imds.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <future>
 #include <sstream>
 #include <thread>
 
@@ -33,9 +40,35 @@ Reply Ask(const std::string& source, uint16_t port, const std::string& method,
   return reply;
 }
 
+// A TCP connection from `source` to 127.0.0.1:port that sends nothing (-1 when it cannot connect).
+int ConnectFrom(const std::string& source, uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in local{}, remote{};
+  local.sin_family = remote.sin_family = AF_INET;
+  inet_pton(AF_INET, source.c_str(), &local.sin_addr);
+  inet_pton(AF_INET, "127.0.0.1", &remote.sin_addr);
+  remote.sin_port = htons(port);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof local) != 0 ||
+      connect(fd, reinterpret_cast<sockaddr*>(&remote), sizeof remote) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Whether the server closed `fd` within 20 s (EOF or a reset).
+bool ClosedByServer(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, 20000) != 1) return false;
+  char c;
+  return read(fd, &c, 1) <= 0;
+}
+
 class Imds : public ::testing::Test {
  protected:
-  Imds() {
+  Imds() { Start(std::chrono::seconds(5)); }
+  void Start(std::chrono::milliseconds deadline) {
+    server_.reset();
     v1::VpsInstance a, b;
     a.set_instance_id("vm-a");
     a.set_allocation_id("alloc-a");
@@ -60,7 +93,8 @@ class Imds : public ::testing::Test {
            if (audience == "refused") return absl::PermissionDeniedError("not-bound");
            return "jwt-for-" + i.instance_id() + "-" + audience;
          },
-         .now = [this] { return now_; }},
+         .now = [this] { return now_; },
+         .request_deadline = deadline},
         &log_);
   }
   std::string TokenFor(const std::string& source, int ttl = 60) {
@@ -166,15 +200,115 @@ TEST_F(Imds, RefusesStrangersRelaysAndBadTtls) {
   EXPECT_EQ(
       Ask("127.0.0.2", server_->port(), "GET", "/v1/nothing", {"X-BC-Metadata-Token: " + a}).status,
       404);
-  // A header past the bound ends the connection without an answer.
+  // A header past the bound is answered 431.
   EXPECT_EQ(Ask("127.0.0.2", server_->port(), "GET", "/v1/meta-data",
                 {"X-Big: " + std::string(20000, 'x')})
                 .status,
-            0);
+            431);
   // The service is still there.
   EXPECT_EQ(Ask("127.0.0.2", server_->port(), "GET", "/v1/meta-data", {"X-BC-Metadata-Token: " + a})
                 .status,
             200);
+}
+
+TEST_F(Imds, IdleConnectionsHoldNothingOthersNeedAndAreClosedAfterTheDeadline) {
+  Start(std::chrono::milliseconds(500));
+  // A hostile instance and an address no instance holds open connections and send nothing.
+  std::vector<int> idle;
+  for (int i = 0; i < 20; ++i) {
+    for (const char* source : {"127.0.0.2", "127.0.0.9"}) {
+      int fd = ConnectFrom(source, server_->port());
+      if (fd >= 0) idle.push_back(fd);
+    }
+  }
+  // Another instance is answered all the same.
+  EXPECT_EQ(Ask("127.0.0.3", server_->port(), "PUT", "/v1/api/token",
+                {"X-BC-Metadata-Token-TTL-Seconds: 60"})
+                .status,
+            200);
+  int closed = 0;
+  for (int fd : idle) {
+    closed += ClosedByServer(fd);
+    close(fd);
+  }
+  EXPECT_EQ(closed, static_cast<int>(idle.size())) << "an idle connection was kept";
+}
+
+TEST_F(Imds, StopClosesWhatIsOpenAtOnce) {
+  std::vector<int> idle;
+  for (int i = 0; i < 4; ++i) idle.push_back(ConnectFrom("127.0.0.2", server_->port()));
+  ASSERT_TRUE(Ask("127.0.0.3", server_->port(), "PUT", "/v1/api/token",
+                  {"X-BC-Metadata-Token-TTL-Seconds: 60"})
+                  .status == 200);  // the idle ones are in hand by now
+  std::promise<void> stopped;
+  std::thread stop([&] {
+    server_.reset();
+    stopped.set_value();
+  });
+  // With a 5 s request deadline, a stop that waited for them would take 5 s; it takes none.
+  bool done = stopped.get_future().wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  EXPECT_TRUE(done) << "the stop waited on idle connections";
+  for (int fd : idle) {
+    if (done) {
+      EXPECT_TRUE(ClosedByServer(fd));
+    }
+    close(fd);  // (when the stop hangs, this lets it end)
+  }
+  stop.join();
+}
+
+TEST_F(Imds, EachAddressHoldsAtMostSixteenTokensItsOldestGoFirst) {
+  std::vector<std::string> tokens;
+  for (int i = 0; i < 20; ++i) tokens.push_back(TokenFor("127.0.0.2"));
+  auto status = [&](const std::string& source, const std::string& token) {
+    return Ask(source, server_->port(), "GET", "/v1/meta-data", {"X-BC-Metadata-Token: " + token})
+        .status;
+  };
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(status("127.0.0.2", tokens[i]), 401) << i;
+  for (int i = 4; i < 20; ++i) EXPECT_EQ(status("127.0.0.2", tokens[i]), 200) << i;
+  EXPECT_EQ(status("127.0.0.3", TokenFor("127.0.0.3")), 200) << "others are not crowded out";
+}
+
+TEST_F(Imds, RefusesForwardedAndTtlsThatAreNotPlainNumbers) {
+  EXPECT_EQ(Ask("127.0.0.2", server_->port(), "PUT", "/v1/api/token",
+                {"X-BC-Metadata-Token-TTL-Seconds: 60", "Forwarded: for=10.0.0.9"})
+                .status,
+            403);
+  for (const char* ttl : {"60abc", "+60", "0x10", "60.5", "-1", "99999999999999999999"}) {
+    EXPECT_EQ(Ask("127.0.0.2", server_->port(), "PUT", "/v1/api/token",
+                  {std::string("X-BC-Metadata-Token-TTL-Seconds: ") + ttl})
+                  .status,
+              400)
+        << ttl;
+  }
+}
+
+TEST_F(Imds, TheAudienceIsAQueryParameterNotAnyTextInTheTarget) {
+  std::string a = TokenFor("127.0.0.2");
+  auto jwt = [&](const std::string& target) {
+    return Ask("127.0.0.2", server_->port(), "GET", target, {"X-BC-Metadata-Token: " + a});
+  };
+  EXPECT_EQ(jwt("/v1/token?xaudience=evil&audience=sts%2Eexample").body,
+            "jwt-for-vm-a-sts.example");
+  EXPECT_EQ(jwt("/v1/token?note=audience=evil").body, "jwt-for-vm-a-") << "the default audience";
+  EXPECT_EQ(jwt("/v1/token?audience=a%zz").status, 400);
+}
+
+TEST_F(Imds, AnUnknownSourceIsLoggedOncePerMinute) {
+  for (int i = 0; i < 5; ++i) Ask("127.0.0.4", server_->port(), "GET", "/v1/meta-data");
+  auto lines = [&] {
+    std::string text = log_.Text();
+    int n = 0;
+    for (std::size_t at = text.find("event=imds.unknown_source address=127.0.0.4");
+         at != std::string::npos;
+         at = text.find("event=imds.unknown_source address=127.0.0.4", at + 1))
+      ++n;
+    return n;
+  };
+  EXPECT_EQ(lines(), 1);
+  now_ += 60;
+  Ask("127.0.0.4", server_->port(), "GET", "/v1/meta-data");
+  EXPECT_EQ(lines(), 2);
 }
 
 }  // namespace
