@@ -75,11 +75,19 @@ int Usage() {
   return 2;
 }
 
-// Where `up` records its directory for `run` and `spec`.
+// Where `up` records its directory for `run` and `spec`: in the user's runtime dir, else in their
+// state dir (~/.local/state): never a name in /tmp that another user could take first.
 std::filesystem::path CurrentFile() {
-  const char* runtime = std::getenv("XDG_RUNTIME_DIR");
-  return std::filesystem::path(runtime != nullptr && *runtime != '\0' ? runtime : "/tmp") /
-         "bcd-dev.current";
+  auto env = [](const char* name) -> std::string {
+    const char* value = std::getenv(name);
+    return value != nullptr ? value : "";
+  };
+  if (!env("XDG_RUNTIME_DIR").empty())
+    return std::filesystem::path(env("XDG_RUNTIME_DIR")) / "bcd-dev.current";
+  std::filesystem::path state = !env("XDG_STATE_HOME").empty()
+                                    ? std::filesystem::path(env("XDG_STATE_HOME"))
+                                    : std::filesystem::path(env("HOME")) / ".local/state";
+  return state / "bcd-dev" / "current";
 }
 
 // DIR from --dir, else the one the last `up` recorded; "" (and a message) when there is none.
@@ -437,8 +445,16 @@ int main(int argc, char** argv) {
       pki->ServingCaPinHex().c_str());
   std::printf("config: %s\n\n$ bcd join --token ... --config %s\n", config.c_str(), config.c_str());
   std::fflush(stdout);
-  int joined = WaitChild(SpawnChild(
-      {bcd, "join", "--config", config, "--token", (*gateway)->AddJoinToken("dev-node-1")}));
+  // The token goes in a file only this user reads, never on a command line others can see.
+  std::filesystem::path token_file = std::filesystem::path(dir) / "join-token";
+  if (absl::Status s =
+          bcd::pki::AtomicWriteFile(token_file, (*gateway)->AddJoinToken("dev-node-1"), 0600);
+      !s.ok()) {
+    return std::fprintf(stderr, "bcd-dev: %s\n", std::string(s.message()).c_str()), 1;
+  }
+  int joined =
+      WaitChild(SpawnChild({bcd, "join", "--config", config, "--token-file", token_file.string()}));
+  std::filesystem::remove(token_file);
   if (joined != 0) return std::fprintf(stderr, "bcd-dev: bcd join exited %d\n", joined), 1;
   if (websocket) {
     std::ofstream(config, std::ios::app) << (*gateway)->WebSocketConfigToml();
@@ -453,7 +469,16 @@ int main(int argc, char** argv) {
       !s.ok()) {
     std::fprintf(stderr, "bcd-dev: %s\n", std::string(s.message()).c_str());
   }
-  std::ofstream(CurrentFile()) << dir << "\n";
+  {
+    std::error_code ec;
+    std::filesystem::create_directories(CurrentFile().parent_path(), ec);
+    if (ec || bcd::pki::AtomicWriteFile(CurrentFile(), dir + "\n", 0600).ok() == false) {
+      std::fprintf(stderr,
+                   "bcd-dev: cannot record the stack in %s: run, spec and the tunnel "
+                   "commands need --dir %s\n",
+                   CurrentFile().c_str(), dir.c_str());
+    }
+  }
   bool trusted = false;
   std::size_t shown = 0;
   bool welcomed = false;

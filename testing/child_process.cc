@@ -10,11 +10,23 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <thread>
 
 extern "C" char** environ;
 
 namespace bcd::testing {
+
+Ran RunShell(const std::string& command) {
+  Ran ran;
+  FILE* pipe = popen(("(" + command + ") 2>&1").c_str(), "r");
+  if (pipe == nullptr) return {127, "cannot run sh"};
+  char buffer[4096];
+  while (std::size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) ran.out.append(buffer, n);
+  int status = pclose(pipe);
+  ran.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  return ran;
+}
 
 pid_t SpawnChild(const std::vector<std::string>& argv) {
   std::vector<char*> args;
@@ -26,8 +38,14 @@ pid_t SpawnChild(const std::vector<std::string>& argv) {
   sigemptyset(&none);
   posix_spawnattr_setsigmask(&attr, &none);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+  // Nothing of this process (a dev gateway's listening socket, say) reaches the child but its
+  // standard fds, whether or not it was opened close-on-exec.
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addclosefrom_np(&actions, 3);
   pid_t pid = -1;
-  int rc = posix_spawnp(&pid, args[0], nullptr, &attr, args.data(), environ);
+  int rc = posix_spawnp(&pid, args[0], &actions, &attr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   return rc == 0 ? pid : -1;
 }
@@ -41,7 +59,7 @@ int WaitChild(pid_t pid) {
 }
 
 int FreeLoopbackPort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);

@@ -12,6 +12,14 @@
 
 namespace bcd::testing {
 
+// What a shell command did: its exit status (128 when a signal ended it) and its stdout and stderr.
+struct Ran {
+  int status = 0;
+  std::string out;
+};
+// Runs `command` with sh -c, stderr into the same output.
+Ran RunShell(const std::string& command);
+
 // Starts argv (argv[0] looked up on PATH); -1 when it cannot start.
 pid_t SpawnChild(const std::vector<std::string>& argv);
 // Waits for the child: its exit status, or 128 + the signal that ended it.

@@ -148,7 +148,7 @@ absl::StatusOr<std::string> DevControlPlane::ApplySpec(const std::string& node,
   }
   if (spec.node_id().empty()) spec.set_node_id(node);
   // The dev control plane's tunnel keys ride along unless the spec sets its own.
-  if (!spec.has_access()) spec.mutable_access()->set_tunnel_jwks(gateway_->TunnelJwks());
+  if (!spec.has_access()) *spec.mutable_access() = gateway_->TunnelAccess();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (spec.generation() == 0) spec.set_generation(next_generation_);
@@ -239,7 +239,15 @@ void DevControlPlane::Loop(std::string node) {
       continue;
     }
     std::string request = ReadToEnd(fd, 1 << 20);
-    SendAll(fd, Handle(request, node) + "\n");
+    std::string answer;
+    try {
+      answer = Handle(request, node);
+    } catch (const std::exception& e) {
+      // A member of the wrong type, say: the request is refused, the stack keeps serving.
+      answer =
+          json{{"ok", false}, {"error", fmt::format("a malformed request: {}", e.what())}}.dump();
+    }
+    SendAll(fd, answer + "\n");
     close(fd);
   }
 }
@@ -254,16 +262,22 @@ void DevControlPlane::ServeTunnel(int fd, const std::string& node) {
     return;
   }
   DevTunnelRequest ask;
-  ask.op = request.value("op", "exec");
-  if (request.contains("cmd") && request["cmd"].is_array()) {
-    for (const auto& arg : request["cmd"]) {
-      if (arg.is_string()) ask.cmd.push_back(arg.get<std::string>());
+  try {
+    ask.op = request.value("op", "exec");
+    if (request.contains("cmd") && request["cmd"].is_array()) {
+      for (const auto& arg : request["cmd"]) {
+        if (arg.is_string()) ask.cmd.push_back(arg.get<std::string>());
+      }
     }
+    ask.host = request.value("host", "");
+    ask.port = request.value("port", uint16_t{0});
+    ask.rows = request.value("rows", uint16_t{0});
+    ask.cols = request.value("cols", uint16_t{0});
+  } catch (const std::exception& e) {
+    WriteTunnelMessage(fd, 'F', fmt::format("a malformed tunnel request: {}", e.what()));
+    close(fd);
+    return;
   }
-  ask.host = request.value("host", "");
-  ask.port = request.value("port", uint16_t{0});
-  ask.rows = request.value("rows", uint16_t{0});
-  ask.cols = request.value("cols", uint16_t{0});
   DevTunnel tunnel = gateway_->OpenTunnel(node, ask);
   if (!tunnel.WaitOpened(std::chrono::seconds(10))) {
     WriteTunnelMessage(fd, 'F',

@@ -15,6 +15,7 @@
 #include <boost/beast/websocket/ssl.hpp>
 // clang-format on
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
@@ -639,6 +640,9 @@ class Listener final : public WsListener {
     ec = io_.Await([&](Done done) {
       beast::error_code e;
       acceptor_.open(endpoint.protocol(), e);
+      // Asio opens sockets without close-on-exec: nothing a child of this process runs may
+      // inherit the listener.
+      if (!e) fcntl(acceptor_.native_handle(), F_SETFD, FD_CLOEXEC);
       if (!e) acceptor_.set_option(net::socket_base::reuse_address(true), e);
       if (!e) acceptor_.bind(endpoint, e);
       if (!e) acceptor_.listen(net::socket_base::max_listen_connections, e);
@@ -656,6 +660,7 @@ class Listener final : public WsListener {
     auto c = std::make_shared<Connection>(context_);
     acceptor_.async_accept(c->io().ioc(), [this, c](beast::error_code ec, tcp::socket socket) {
       if (ec) return;  // closed
+      fcntl(socket.native_handle(), F_SETFD, FD_CLOEXEC);
       std::lock_guard<std::mutex> lock(mu_);
       if (stopping_) return;
       beast::get_lowest_layer(c->ws()).socket() = std::move(socket);

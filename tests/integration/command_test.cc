@@ -2,17 +2,21 @@
 // end, dedup of a redelivered command, and cancel. The dev PKI signs as a control plane worker
 // would.
 
+#include <algorithm>
 #include <fstream>
+#include <future>
 #include <sstream>
 #include <thread>
 
 #include "daemon/desired.h"
+#include "daemon/http_upload.h"
 #include "daemon/join.h"
 #include "daemon/node.h"
 #include "fmt/format.h"
 #include "gtest/gtest.h"
 #include "pki/envelope.h"
 #include "pki/jwt.h"
+#include "proto/absl_compat.h"
 #include "proto/signing_input.h"
 #include "testing/child_process.h"
 #include "testing/dev_gateway.h"
@@ -255,8 +259,10 @@ TEST_F(Commands, LogsCollectUploadsABundleThatTarAndSha256sumAgreeWith) {
             "journal of bcd.service since @1700000000\n");
   EXPECT_EQ(Shell("tar -xzOf " + bundle.string() + " dmesg.txt"),
             "[    0.000000] Linux version 6.1.0\n");
-  EXPECT_FALSE(std::filesystem::exists(dir_.path() / "state" / "logs-c-logs.tar.gz"))
-      << "the bundle is removed once uploaded";
+  for (const auto& entry : std::filesystem::directory_iterator(dir_.path() / "state")) {
+    EXPECT_FALSE(entry.path().filename().string().starts_with(".logs-"))
+        << entry.path() << ": the bundle is removed once uploaded";
+  }
 }
 
 TEST_F(Commands, LogsCollectFailuresSayWhatWentWrong) {
@@ -270,21 +276,22 @@ TEST_F(Commands, LogsCollectFailuresSayWhatWentWrong) {
   EXPECT_EQ(Updates("c-403").back().message(),
             "upload to 127.0.0.1: the server answered 403 sink said");
 
-  payload.set_upload_url("http://example.com/bucket/x");
+  payload.set_upload_url("http://192.0.2.1/bucket/x");
   command = Make("c-http", "logs.collect");
   command.set_payload(payload.SerializeAsString());
   Send(pki_.SignCommand(command));
   EXPECT_EQ(Updates("c-http").back().message(),
-            "upload_url: plain http is allowed only to a loopback address, got host example.com");
+            "upload_url: plain http is allowed only to loopback addresses, and 192.0.2.1 resolves "
+            "to 192.0.2.1");
 
   payload.set_upload_url(sink.Url("/bucket/x"));
   payload.add_journal_units("-rf /");
   command = Make("c-unit", "logs.collect");
   command.set_payload(payload.SerializeAsString());
   Send(pki_.SignCommand(command));
-  EXPECT_EQ(Updates("c-unit").back().message(),
-            "journal unit \"-rf /\" is not a systemd unit name");
-  EXPECT_EQ(Updates("c-unit").back().state(), v1::COMMAND_STATE_FAILED);
+  // Refused before it is taken: REJECTED, never ACCEPTED or RUNNING.
+  ExpectRejected("c-unit", v1::COMMAND_CODE_INVALID_PAYLOAD,
+                 "journal unit \"-rf /\" is not a systemd unit name");
 
   // A budget smaller than the logs cuts them and says so.
   sink.AnswerWith(200);
@@ -301,7 +308,94 @@ TEST_F(Commands, LogsCollectFailuresSayWhatWentWrong) {
             (std::vector<std::string>{"bcd.log", "errors.txt"}));
 }
 
-TEST_F(Commands, NodeRebootReportsThenRunsTheRebootCommandOnce) {
+// The lines the reboot command has appended so far, waiting (bounded) until there are `count`.
+std::string WaitForLines(const std::filesystem::path& path, std::size_t count) {
+  std::string text;
+  auto deadline = std::chrono::steady_clock::now() + kWait;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream in(path);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    if (static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n')) >= count) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return text;
+}
+
+TEST_F(Commands, PlainHttpUploadsGoOnlyWhereEveryAddressIsLoopback) {
+  testing::UploadSink sink;
+  dir_.Write("bundle", "logs");
+  auto put = [&](const std::string& host, std::vector<std::string> addresses) {
+    return HttpPutFile({.url = fmt::format("http://{}:{}/b", host, sink.port()),
+                        .file = dir_.path() / "bundle",
+                        .resolve = [addresses](const std::string&) { return addresses; }});
+  };
+  // A name that looks like loopback and resolves elsewhere gets nothing in clear text.
+  absl::Status spoofed = put("127.0.0.1.attacker.test", {"192.0.2.1"});
+  EXPECT_EQ(spoofed.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(ToStd(spoofed.message())),
+            "upload_url: plain http is allowed only to loopback addresses, and "
+            "127.0.0.1.attacker.test resolves to 192.0.2.1");
+  EXPECT_EQ(put("mixed.test", {"127.0.0.1", "192.0.2.1"}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(sink.requests().empty());
+  // A name whose every address is loopback, and the resolved address is what is connected to.
+  EXPECT_TRUE(put("sink.test", {"127.0.0.1"}).ok());
+  ASSERT_EQ(sink.requests().size(), 1u);
+  EXPECT_EQ(sink.requests()[0].headers.at("host"), fmt::format("sink.test:{}", sink.port()));
+  EXPECT_TRUE(HttpPutFile({.url = fmt::format("http://localhost:{}/b", sink.port()),
+                           .file = dir_.path() / "bundle"})
+                  .ok());
+}
+
+TEST_F(Commands, CancelStopsAHangingUploadAndTheLaneMovesOn) {
+  testing::UploadSink hanging, fine;
+  hanging.Hang(true);
+  auto collect = [&](const std::string& id, const testing::UploadSink& sink) {
+    v1::LogsCollectPayload payload;
+    payload.set_upload_url(sink.Url("/" + id));
+    v1::Command command = Make(id, "logs.collect");
+    command.set_payload(payload.SerializeAsString());
+    Send(pki_.SignCommand(command));
+  };
+  collect("c-hangs", hanging);
+  collect("c-next", fine);  // the same lane: waits behind it
+  for (int i = 0; i < 1000 && hanging.requests().empty(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_EQ(hanging.requests().size(), 1u) << "the upload never reached the sink";
+  v1::ServerFrame cancel;
+  cancel.mutable_cancel_command()->set_command_id("c-hangs");
+  cancel.mutable_cancel_command()->set_reason("operator");
+  ASSERT_TRUE(gateway_->Push("n-1", cancel));
+  EXPECT_EQ(Updates("c-hangs").back().state(), v1::COMMAND_STATE_CANCELLED);
+  EXPECT_EQ(Updates("c-next").back().state(), v1::COMMAND_STATE_SUCCEEDED);
+}
+
+TEST_F(Commands, AStopIsNotHeldUpByAHangingUploadOrJournal) {
+  Script("journalctl", "sleep 300");
+  testing::UploadSink hanging;
+  hanging.Hang(true);
+  v1::LogsCollectPayload payload;
+  payload.set_upload_url(hanging.Url("/x"));
+  v1::Command command = Make("c-stuck", "logs.collect");
+  command.set_payload(payload.SerializeAsString());
+  Send(pki_.SignCommand(command));
+  std::vector<v1::CommandUpdate> updates;
+  for (int i = 0; i < 1000 && updates.size() < 2; ++i) {
+    updates = Updates("c-stuck", 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(updates.back().state(), v1::COMMAND_STATE_RUNNING);
+  std::promise<void> stopped;
+  std::thread stop([&] {
+    Stop();
+    stopped.set_value();
+  });
+  // The journal stand-in sleeps 300 s: a stop that waited for it would not be done in 20.
+  EXPECT_EQ(stopped.get_future().wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  stop.join();
+}
+
+TEST_F(Commands, EachNodeRebootReportsThenRunsTheRebootCommand) {
   v1::NodeRebootPayload payload;
   payload.set_reason("kernel update");
   v1::Command command = Make("c-reboot", "node.reboot");
@@ -314,17 +408,34 @@ TEST_F(Commands, NodeRebootReportsThenRunsTheRebootCommandOnce) {
   EXPECT_NEAR(static_cast<double>(result.scheduled_at()), static_cast<double>(std::time(nullptr)),
               5);
   std::filesystem::path mark = dir_.path() / "rebooted";
-  auto deadline = std::chrono::steady_clock::now() + kWait;
-  while (!std::filesystem::exists(mark) && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  // A second reboot command while one is due does not reboot twice.
+  EXPECT_EQ(WaitForLines(mark, 1), "rebooted\n");
+  // The machine did not go down (the command is a stand-in): a later reboot reboots again.
   command.set_command_id("c-reboot-2");
   Send(pki_.SignCommand(command));
-  Updates("c-reboot-2");
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  std::ifstream in(mark);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(text, "rebooted\n");
+  EXPECT_EQ(Updates("c-reboot-2").back().state(), v1::COMMAND_STATE_SUCCEEDED);
+  EXPECT_EQ(WaitForLines(mark, 2), "rebooted\nrebooted\n");
+}
+
+TEST_F(Commands, ARebootWhileOneIsDueIsThatOneAndAStopAbandonsIt) {
+  v1::NodeRebootPayload payload;
+  payload.set_delay_seconds(3600);
+  v1::Command command = Make("c-later", "node.reboot");
+  command.set_payload(payload.SerializeAsString());
+  Send(pki_.SignCommand(command));
+  v1::NodeRebootResult first, second;
+  ASSERT_TRUE(first.ParseFromString(Updates("c-later").back().result()));
+  payload.set_delay_seconds(10);
+  command = Make("c-sooner", "node.reboot");
+  command.set_payload(payload.SerializeAsString());
+  Send(pki_.SignCommand(command));
+  ASSERT_TRUE(second.ParseFromString(Updates("c-sooner").back().result()));
+  EXPECT_EQ(second.scheduled_at(), first.scheduled_at()) << "the one already due";
+  Stop();  // returns at once: the waiting reboot notices the stop
+  EXPECT_FALSE(std::filesystem::exists(dir_.path() / "rebooted"));
+  EXPECT_NE(log_.Text().find("event=node.reboot_abandoned reason=\"\" why=\"bcd stopped before "
+                             "the reboot was due\""),
+            std::string::npos)
+      << log_.Text();
 }
 
 TEST_F(Commands, AFullOutboxSaysSoOnceAndResultsAreStillRemembered) {
@@ -535,7 +646,10 @@ TEST_F(DesiredStates, ANewerSpecIsAppliedPersistedAndReported) {
   EXPECT_EQ(Sections(acks[0].sections()),
             "daemon=SECTION_STATE_APPLIED access=SECTION_STATE_APPLIED "
             "vps=SECTION_STATE_UNSUPPORTED ");
-  EXPECT_EQ(acks[0].sections(2).message(), "this build does not implement the vps section");
+  EXPECT_EQ(acks[0].sections(2).message(),
+            "instances are not created, started or stopped by this build (image, vcpus, memory "
+            "and power_state are not acted on); their ids and addresses are taken: instance-tcp "
+            "tunnels reach them");
   EXPECT_EQ(daemon_->desired().tunnel_jwks(), jwks);
   // A StatusReport follows the change.
   std::optional<v1::StatusReport> status;
@@ -614,7 +728,7 @@ TEST_F(DesiredStates, SectionsThisBuildCannotTakeAreReportedNotDropped) {
             "k8s_join=SECTION_STATE_UNSUPPORTED field 40=SECTION_STATE_UNSUPPORTED ");
   EXPECT_EQ(acks[0].sections(0).message(),
             "log_level \"loud\" is not one of debug, info, warn, error");
-  EXPECT_EQ(acks[0].sections(1).message(), "JWKS key \"k\" is not an EC P-256 key");
+  EXPECT_EQ(acks[0].sections(1).message(), "tunnel_jwks: JWKS key \"k\" is not an EC P-256 key");
   EXPECT_EQ(acks[0].sections(3).message(),
             "a section this build does not know (NodeSpec field 40)");
 }

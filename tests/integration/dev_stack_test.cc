@@ -3,14 +3,21 @@
 
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "testing/child_process.h"
+#include "testing/dev_control.h"
+#include "testing/dev_gateway.h"
 #include "tests/unit/fake_root.h"
 
 namespace bcd {
@@ -18,20 +25,8 @@ namespace {
 
 using bcd::testing::FakeRoot;
 
-struct Ran {
-  int status;
-  std::string out;
-};
-
-Ran RunTool(const std::string& command) {
-  Ran ran{0, ""};
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  char buffer[4096];
-  while (std::size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) ran.out.append(buffer, n);
-  int status = pclose(pipe);
-  ran.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-  return ran;
-}
+using bcd::testing::Ran;
+Ran RunTool(const std::string& command) { return bcd::testing::RunShell(command); }
 
 // Waits for `up` to serve DIR/dev.sock and for a first inventory.refresh through it to succeed.
 Ran FirstRun(const std::string& tool, const std::string& stack) {
@@ -66,10 +61,12 @@ TEST(DevStack, RunAndSpecAgainstARunningUp) {
   EXPECT_EQ(spec.status, 0) << spec.out;
   EXPECT_NE(spec.out.find("SPEC_ACK_STATE_APPLIED"), std::string::npos) << spec.out;
 
-  Ran failed = RunTool(
-      tool + " run logs.collect '{\"upload_url\": \"http://example.com/x\"}' --dir " + stack);
+  Ran failed =
+      RunTool(tool + " run logs.collect '{\"upload_url\": \"http://192.0.2.1/x\"}' --dir " + stack);
   EXPECT_EQ(failed.status, 1);
-  EXPECT_NE(failed.out.find("plain http is allowed only to a loopback address"), std::string::npos)
+  EXPECT_NE(failed.out.find("plain http is allowed only to loopback addresses, and 192.0.2.1 "
+                            "resolves to 192.0.2.1"),
+            std::string::npos)
       << failed.out;
   Ran unknown = RunTool(tool + " run disk.format --dir " + stack);
   EXPECT_EQ(unknown.status, 1);
@@ -149,6 +146,77 @@ TEST(DevStack, UpWithWebSocketRunsCommandsOverIt) {
   kill(up, SIGTERM);
   EXPECT_EQ(bcd::testing::WaitChild(up), 0);
   EXPECT_NE(printed.out.find("[websocket]"), std::string::npos) << printed.out;
+}
+
+// The fds of process `pid`, by number.
+std::set<int> FdsOf(pid_t pid) {
+  std::set<int> fds;
+  std::error_code ec;
+  for (const auto& entry :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+    fds.insert(std::stoi(entry.path().filename().string()));
+  }
+  return fds;
+}
+
+TEST(DevStack, AChildOfTheStackInheritsNoneOfItsSockets) {
+  testing::DevPki pki = *testing::DevPki::Create(std::time(nullptr));
+  std::unique_ptr<testing::DevGateway> gateway = *testing::DevGateway::Start(pki, {});
+  pid_t child = bcd::testing::SpawnChild({"sleep", "30"});
+  ASSERT_GT(child, 0);
+  std::set<int> fds;
+  for (int i = 0; i < 100 && (fds = FdsOf(child)).empty(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  kill(child, SIGKILL);
+  bcd::testing::WaitChild(child);
+  EXPECT_EQ(fds, (std::set<int>{0, 1, 2}));
+}
+
+TEST(DevStack, AMalformedRequestIsRefusedAndTheStackKeepsServing) {
+  FakeRoot dir;
+  testing::DevPki pki = *testing::DevPki::Create(std::time(nullptr));
+  std::unique_ptr<testing::DevGateway> gateway = *testing::DevGateway::Start(pki, {});
+  testing::DevControlPlane control(&pki, gateway.get());
+  std::filesystem::path socket = dir.path() / "dev.sock";
+  ASSERT_TRUE(control.Serve(socket, "dev-node-1").ok());
+  for (const char* request :
+       {R"({"op": 5})", R"({"op": "secret", "ref": "r", "value": "v", "workflow_id": 7})",
+        R"({"op": "token", "node": ["x"]})", R"([1, 2])", "not json", ""}) {
+    absl::StatusOr<std::string> answer = testing::AskDevControl(socket, request);
+    ASSERT_TRUE(answer.ok()) << request << ": " << answer.status();
+    nlohmann::json reply = nlohmann::json::parse(*answer, nullptr, false);
+    EXPECT_EQ(reply.value("ok", true), false) << request << ": " << *answer;
+  }
+  absl::StatusOr<std::string> token =
+      testing::AskDevControl(socket, R"({"op": "token", "node": "n-2"})");
+  ASSERT_TRUE(token.ok());
+  EXPECT_EQ(nlohmann::json::parse(*token).value("ok", false), true) << *token;
+}
+
+TEST(DevStack, UpKeepsTheTokenOffCommandLinesAndItsRecordOutOfTmp) {
+  FakeRoot dir;
+  std::string stack = (dir.path() / "stack").string();
+  // A bcd that records how it was called, then runs the real one.
+  std::string calls = (dir.path() / "calls").string();
+  dir.Write("bcd", "#!/bin/sh\necho \"$*\" >> " + calls + "\nexec " BCD_BINARY " \"$@\"\n");
+  chmod((dir.path() / "bcd").c_str(), 0755);
+  std::string before = RunTool("cat /tmp/bcd-dev.current 2>/dev/null").out;
+  std::string home = (dir.path() / "home").string();
+  pid_t up = bcd::testing::SpawnChild({"env", "-u", "XDG_RUNTIME_DIR", "-u", "XDG_STATE_HOME",
+                                       "HOME=" + home, BCD_DEV_BINARY, "up", "--dir", stack,
+                                       "--seconds", "120", "--bcd", (dir.path() / "bcd").string()});
+  ASSERT_GT(up, 0);
+  Ran ready = FirstRun(BCD_DEV_BINARY, stack);
+  EXPECT_EQ(ready.status, 0) << ready.out;
+  std::string recorded = RunTool("cat " + home + "/.local/state/bcd-dev/current").out;
+  kill(up, SIGTERM);
+  EXPECT_EQ(bcd::testing::WaitChild(up), 0);
+  EXPECT_EQ(recorded, stack + "\n");
+  EXPECT_EQ(RunTool("cat /tmp/bcd-dev.current 2>/dev/null").out, before) << "written to /tmp";
+  std::string joins = RunTool("grep '^join' " + calls).out;
+  EXPECT_NE(joins.find("--token-file"), std::string::npos) << joins;
+  EXPECT_EQ(joins.find("--token "), std::string::npos) << "the token was on a command line";
+  EXPECT_FALSE(std::filesystem::exists(stack + "/join-token")) << "the token file stays";
 }
 
 }  // namespace

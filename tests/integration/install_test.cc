@@ -30,20 +30,8 @@ using bcd::testing::DevPki;
 using bcd::testing::FakeRoot;
 using install::ShellQuote;
 
-struct Ran {
-  int status;
-  std::string out;  // stdout and stderr
-};
-
-Ran Sh(const std::string& command) {
-  Ran ran{0, ""};
-  FILE* pipe = popen(("(" + command + ") 2>&1").c_str(), "r");
-  char buffer[4096];
-  while (std::size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) ran.out.append(buffer, n);
-  int status = pclose(pipe);
-  ran.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-  return ran;
-}
+using bcd::testing::Ran;
+Ran Sh(const std::string& command) { return bcd::testing::RunShell(command); }
 
 std::string Read(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
