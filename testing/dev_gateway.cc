@@ -122,12 +122,28 @@ struct DevTunnel::Impl {
   grpc::ServerReaderWriter<v1::TunnelFrame, v1::TunnelFrame>* stream = nullptr;  // guarded by mu
   bool opened = false;                                                           // guarded by mu
   bool ended = false;                                                            // guarded by mu
-  std::deque<v1::TunnelFrame> queue;                                             // guarded by mu
+  int writers = 0;  // guarded by mu: writes in progress, which the stream outlives
+  std::deque<v1::TunnelFrame> queue;  // guarded by mu
   static constexpr std::size_t kQueue = 4;
+  std::mutex write_mu;  // one write at a time; mu is not held while a write waits on the node
 
   bool Write(const v1::TunnelFrame& frame) {
+    grpc::ServerReaderWriter<v1::TunnelFrame, v1::TunnelFrame>* to;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (stream == nullptr || ended) return false;
+      to = stream;
+      ++writers;
+    }
+    bool written;
+    {
+      std::lock_guard<std::mutex> lock(write_mu);
+      written = to->Write(frame);
+    }
     std::lock_guard<std::mutex> lock(mu);
-    return stream != nullptr && !ended && stream->Write(frame);
+    --writers;
+    cv.notify_all();
+    return written;
   }
 };
 
@@ -497,8 +513,10 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
       tunnel->queue.push_back(frame);
       tunnel->cv.notify_all();
     }
-    std::lock_guard<std::mutex> lock(tunnel->mu);
+    std::unique_lock<std::mutex> lock(tunnel->mu);
     tunnel->ended = true;
+    if (tunnel->writers > 0) context->TryCancel();  // a write blocked on flow control returns
+    tunnel->cv.wait(lock, [&] { return tunnel->writers == 0; });
     tunnel->stream = nullptr;
     tunnel->context = nullptr;
     tunnel->cv.notify_all();

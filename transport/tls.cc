@@ -195,15 +195,21 @@ std::shared_ptr<grpc::Channel> MakeChannel(const ChannelSpec& spec) {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(spec.keepalive_timeout.count()));
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  // Bounded memory: the transport's buffers (receive windows grown by bandwidth-delay probing,
-  // most of all) live within this quota, so tunnels whose local ends read slowly cannot make bcd
-  // hold more; under pressure gRPC shrinks the windows and flow control pushes back.
+  // Bounded memory, and a session that tunnel load never ends. What the gateway may send ahead
+  // of bcd's reading is a fixed 1 MiB window per stream (17 streams at most: 17 MiB), far inside
+  // the quota: gRPC ends a random stream of the connection ("Buffers full") when its quota runs
+  // out, and that could be the session. Bandwidth-delay probing is off because it grows the
+  // windows with throughput (several MiB each under load; 16 tunnels at full speed then filled
+  // the quota and ended the session). A tunnel whose end stops reading stops the gateway's
+  // sending at 1 MiB.
   static grpc::ResourceQuota* quota = [] {
     auto* q = new grpc::ResourceQuota("bcd-transport");
     q->Resize(32 << 20);
     return q;
   }();
   args.SetResourceQuota(*quota);
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1 << 20);
   // The session engine owns reconnection and its backoff.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 1000);
   return grpc::CreateCustomChannel(spec.target, grpc::experimental::TlsCredentials(options), args);

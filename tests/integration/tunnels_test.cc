@@ -469,6 +469,60 @@ TEST_F(Tunnels, AReaderThatStopsReadingStopsTheWriter) {
   tunnel.Cancel();
 }
 
+// Accepts connections and never reads them.
+class DeafServer {
+ public:
+  DeafServer() {
+    fd_ = testing::ListenOnLoopback(&port_);
+    thread_ = std::thread([this] {
+      int client;
+      while ((client = accept(fd_, nullptr, nullptr)) >= 0) clients_.push_back(client);
+    });
+  }
+  ~DeafServer() {
+    shutdown(fd_, SHUT_RDWR);
+    close(fd_);
+    thread_.join();
+    for (int client : clients_) close(client);
+  }
+  uint16_t port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  uint16_t port_ = 0;
+  std::vector<int> clients_;  // touched by the accepting thread only, until it is joined
+  std::thread thread_;
+};
+
+TEST_F(Tunnels, SixteenTunnelsWhoseEndsStopReadingNeverEndTheSession) {
+  DeafServer deaf;
+  std::vector<DevTunnel> tunnels;
+  for (int i = 0; i < 16; ++i) {
+    tunnels.push_back(
+        gateway_->OpenTunnel("n-1", {.op = "tcp", .host = "127.0.0.1", .port = deaf.port()}));
+    ASSERT_TRUE(tunnels.back().WaitOpened(kWait)) << i;
+  }
+  // Each operator pushes 8 MiB at a destination that reads nothing: what bcd lets the gateway
+  // send ahead is all that piles up, and the flow control holds the rest back.
+  std::vector<std::thread> senders;
+  std::atomic<int> stopped{0};
+  for (DevTunnel& tunnel : tunnels) {
+    senders.emplace_back([&tunnel, &stopped] {
+      std::string chunk(32 * 1024, 'x');
+      for (int i = 0; i < 256 && tunnel.Send(0, chunk); ++i) {
+      }
+      ++stopped;
+    });
+  }
+  // The senders block once their windows are full; give them a bounded while to get there.
+  for (int i = 0; i < 100 && stopped < 16; ++i) std::this_thread::sleep_for(milliseconds(50));
+  EXPECT_EQ(gateway_->SessionNodes().size(), 1u) << "the session was ended and redialed";
+  EXPECT_EQ(daemon_->Snapshot().welcomes, 1);
+  EXPECT_EQ(daemon_->tunnels_open(), 16);
+  for (DevTunnel& tunnel : tunnels) tunnel.Cancel();
+  for (std::thread& sender : senders) sender.join();
+}
+
 TEST_F(Tunnels, TunnelsEndWithTheirSession) {
   DevTunnel tunnel = Exec({"sleep", "60"});
   ASSERT_TRUE(tunnel.WaitOpened(kWait));
