@@ -3,6 +3,7 @@
 //   1  the x-bc-node-* upgrade headers as the dev gateway reads them (lines: chain, nonce, time,
 //      proof)
 //   2  a proxy URL and a no_proxy list ("URL|LIST|HOST"), and the refusal headers of an answer
+//      (the pushback taken must stay within 1 s..1 h)
 //   3  edits (position, xor) applied to a valid gateway proof, then checked: reaches every check
 //      past decoding
 // Nothing may crash or leak, and no proof with another body may verify.
@@ -80,7 +81,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       headers["retry-after"] = std::string(parts.back());
       headers["grpc-status"] = std::string(parts[0].substr(0, 3));
-      (void)bcd::transport::RefusalOfHttp(429, headers, "refused");
+      bcd::transport::Refusal refusal = bcd::transport::RefusalOfHttp(429, headers, "refused");
+      // Whatever a server (or a proxy) says, the delay taken is within its bounds.
+      if (refusal.pushback && (*refusal.pushback < bcd::transport::kMinPushback ||
+                               *refusal.pushback > bcd::transport::kMaxPushback)) {
+        abort();
+      }
+      for (bool seconds : {false, true}) {
+        auto delay = bcd::transport::ParsePushback(parts.back(), seconds);
+        if (delay &&
+            (*delay < bcd::transport::kMinPushback || *delay > bcd::transport::kMaxPushback)) {
+          abort();
+        }
+      }
       break;
     }
     case 3: {

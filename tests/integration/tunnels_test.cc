@@ -339,6 +339,8 @@ TEST_F(Tunnels, AProcessThatLeftTheProcessGroupGoesWithTheTunnelToo) {
   tunnel.Cancel();
   EXPECT_TRUE(WaitDead(escaped)) << "a setsid'd process outlived its tunnel";
   EXPECT_TRUE(WaitDead(orphan)) << "an orphaned process outlived its tunnel";
+  kill(escaped, SIGKILL);  // when they did, they go now (they hold the tunnel's output open)
+  kill(orphan, SIGKILL);
 }
 
 TEST_F(Tunnels, WhatACommandLeavesBehindEndsWithItAndItsExitCodeIsKept) {
@@ -350,6 +352,7 @@ TEST_F(Tunnels, WhatACommandLeavesBehindEndsWithItAndItsExitCodeIsKept) {
   pid_t left = std::atoi(outcome.out.c_str());
   ASSERT_GT(left, 0) << outcome.out;
   EXPECT_TRUE(WaitDead(left));
+  kill(left, SIGKILL);
 }
 
 TEST_F(Tunnels, ACommandGetsItsStandardFdsAndNothingElseOfTheProcess) {

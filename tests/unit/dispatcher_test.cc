@@ -135,7 +135,6 @@ class DispatcherTest : public ::testing::Test {
   std::optional<pki::TrustState> trust_;
   std::ostringstream log_text_;
   Logger log_{&log_text_, LogLevel::kInfo};
-  std::unique_ptr<Dispatcher> dispatcher_;
   BlockingHandler* handler_ = nullptr;
   BlockingHandler* reboot_ = nullptr;
   std::mutex mu_;
@@ -143,6 +142,8 @@ class DispatcherTest : public ::testing::Test {
   std::vector<v1::CommandUpdate> updates_;
   std::vector<std::pair<std::string, std::string>> events_;
   std::atomic<bool> slow_accepted_{false};
+  // Last: destroyed first, while what its hooks reach still exists.
+  std::unique_ptr<Dispatcher> dispatcher_;
 };
 
 TEST_F(DispatcherTest, AcceptedAlwaysComesBeforeRunning) {
