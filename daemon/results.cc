@@ -108,7 +108,9 @@ absl::StatusOr<ResultStore::Stored> ResultStore::ReadTerminal(const Entry& entry
 
 absl::Status ResultStore::Room(int64_t now) {
   auto full = [&] { return size() >= limits_.max_entries || log_.bytes() >= limits_.max_bytes; };
-  if (full()) {
+  // Forgetting what is past its day frees room; tried at most once a minute, so a full store is
+  // not rewritten for every command refused meanwhile.
+  if (full() && now - last_compacted_ >= 60) {
     if (absl::Status s = Compact(now, /*force=*/true); !s.ok()) return s;
   }
   if (!full()) return absl::OkStatus();

@@ -1014,7 +1014,7 @@ bool DevGateway::PushUnfiltered(const std::string& node_id, const v1::ServerFram
 bool DevGateway::PushUndecodable(const std::string& node_id) {
   // A string field that is not UTF-8: protobuf serializes it, and no conforming parser takes it.
   v1::ServerFrame frame;
-  frame.mutable_cancel_command()->set_command_id(std::string("\xff\xfe not utf-8", 14));
+  frame.mutable_cancel_command()->set_command_id(std::string("\xff\xfe") + " not utf-8");
   return PushFrame(node_id, frame, /*filtered=*/false);
 }
 

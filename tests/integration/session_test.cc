@@ -223,16 +223,20 @@ TEST_F(Session, AFrameThatDoesNotDecodeEndsTheSessionWhichIsRedialed) {
 }
 
 TEST_F(Session, NoWelcomeInTimeEndsTheSessionAndStatusShowsNoStaleSession) {
-  Config config = JoinAs("n-1");
-  StartDaemon(config);
-  ASSERT_TRUE(gateway_->WaitForWelcomes(1, kWait));
-  StopDaemon();
   welcome_timeout_ = seconds(1);
+  StartDaemon(JoinAs("n-1"));
+  ASSERT_TRUE(gateway_->WaitForWelcomes(1, kWait));
+  ASSERT_TRUE(daemon_->WaitUntil([](const SessionSnapshot& s) { return s.state == "connected"; },
+                                 kWait));
+  std::string first = daemon_->Snapshot().session_id;
+  ASSERT_FALSE(first.empty());
+  // The next session gets no Welcome.
   gateway_->WithholdWelcomes(1);
-  StartDaemon(config);
-  ASSERT_TRUE(
-      daemon_->WaitUntil([](const SessionSnapshot& s) { return s.state == "connecting"; }, kWait));
-  EXPECT_EQ(daemon_->Snapshot().session_id, "") << "not the previous session's id";
+  gateway_->DropSessions();
+  ASSERT_TRUE(daemon_->WaitUntil(
+      [](const SessionSnapshot& s) { return s.state == "connecting" && s.welcomes == 1; }, kWait));
+  EXPECT_EQ(daemon_->Snapshot().session_id, "");
+  EXPECT_EQ(daemon_->StatusText().find(first), std::string::npos) << "the last session's id";
   ASSERT_TRUE(gateway_->WaitForWelcomes(2, kWait)) << "the silent session was never given up";
   EXPECT_NE(log_.Text().find("event=session.ended reason=protocol-error error=\"refused "
                              "(protocol-error): no Welcome within 1 s of the session's start\""),

@@ -4,7 +4,9 @@
 
 #include "fmt/format.h"
 #include "gtest/gtest.h"
+#include "pki/keys.h"
 #include "proto/absl_compat.h"
+#include "proto/signing_input.h"
 #include "tests/unit/fake_root.h"
 
 namespace bcd {
@@ -35,6 +37,21 @@ void FlipByte(const std::filesystem::path& path, uint64_t at) {
   file.get(c);
   file.seekp(static_cast<std::streamoff>(at));
   file.put(static_cast<char>(c ^ 0x10));
+}
+
+// Writes a log of `records` at `path` and returns where each starts.
+std::vector<uint64_t> WriteLog(const std::filesystem::path& path,
+                               const std::vector<std::string>& records) {
+  std::vector<std::string> read;
+  std::vector<uint64_t> offsets;
+  {
+    RecordLog log = *RecordLog::Open(path, &read);
+    for (const std::string& record : records) EXPECT_TRUE(log.Append(record).ok());
+  }
+  read.clear();
+  RecordLog reopened = *RecordLog::Open(path, &read, &offsets);
+  EXPECT_EQ(read, records);
+  return offsets;
 }
 
 TEST(RecordLog, KeepsRecordsAcrossReopen) {
@@ -90,17 +107,10 @@ TEST(RecordLog, DamageBeforeTheEndIsDataLossNamingTheOffset) {
 TEST(RecordLog, ADamagedLengthThatRunsPastTheEndIsDataLossNotATornTail) {
   FakeRoot dir;
   std::filesystem::path path = dir.path() / "log";
-  std::vector<std::string> records;
-  std::vector<uint64_t> offsets;
-  {
-    RecordLog log = *RecordLog::Open(path, &records);
-    ASSERT_TRUE(log.Append("first").ok());
-    ASSERT_TRUE(log.Append("second").ok());
-  }
-  { RecordLog log = *RecordLog::Open(path, &records, &offsets); }
+  std::vector<uint64_t> offsets = WriteLog(path, {"first", "second"});
   auto size = std::filesystem::file_size(path);
   FlipByte(path, offsets[0] + 1);  // the first record's length now runs far past the end
-  records.clear();
+  std::vector<std::string> records;
   absl::StatusOr<RecordLog> log = RecordLog::Open(path, &records);
   EXPECT_EQ(log.status().code(), absl::StatusCode::kDataLoss) << "records read: " << records.size();
   EXPECT_EQ(Message(log.status()),
@@ -111,17 +121,9 @@ TEST(RecordLog, ADamagedLengthThatRunsPastTheEndIsDataLossNotATornTail) {
 TEST(RecordLog, ADamagedLastHeaderIsDataLossButAHeaderCutShortIsATornTail) {
   FakeRoot dir;
   std::filesystem::path path = dir.path() / "log";
-  std::vector<std::string> records;
-  std::vector<uint64_t> offsets;
-  {
-    RecordLog log = *RecordLog::Open(path, &records);
-    ASSERT_TRUE(log.Append("first").ok());
-    ASSERT_TRUE(log.Append("last one").ok());
-  }
-  { RecordLog log = *RecordLog::Open(path, &records, &offsets); }
-  auto size = std::filesystem::file_size(path);
+  std::vector<uint64_t> offsets = WriteLog(path, {"first", "last one"});
   FlipByte(path, offsets[1] + 3);  // the last record's length, one bit off
-  records.clear();
+  std::vector<std::string> records;
   EXPECT_EQ(RecordLog::Open(path, &records).status().code(), absl::StatusCode::kDataLoss);
   FlipByte(path, offsets[1] + 3);                      // mended
   std::filesystem::resize_file(path, offsets[1] + 5);  // the crash came inside the header
@@ -129,25 +131,54 @@ TEST(RecordLog, ADamagedLastHeaderIsDataLossButAHeaderCutShortIsATornTail) {
   ASSERT_TRUE(RecordLog::Open(path, &records).ok());
   EXPECT_EQ(records, std::vector<std::string>{"first"});
   EXPECT_EQ(std::filesystem::file_size(path), offsets[1]);
-  (void)size;
 }
 
 TEST(RecordLog, ATailOfZerosIsTornButZerosBeforeARecordAreDamage) {
   FakeRoot dir;
   std::filesystem::path path = dir.path() / "log";
-  std::vector<std::string> records;
-  std::vector<uint64_t> offsets;
-  {
-    RecordLog log = *RecordLog::Open(path, &records);
-    ASSERT_TRUE(log.Append("first").ok());
-  }
+  WriteLog(path, {"first"});
   auto size = std::filesystem::file_size(path);
   // A machine crash can leave the file longer than the data that reached the disk: zeros.
   std::filesystem::resize_file(path, size + 40);
-  records.clear();
+  std::vector<std::string> records;
   ASSERT_TRUE(RecordLog::Open(path, &records).ok());
   EXPECT_EQ(records, std::vector<std::string>{"first"});
   EXPECT_EQ(std::filesystem::file_size(path), size);
+  // Zeros where a record starts, with a record after them, are damage.
+  std::vector<uint64_t> offsets = WriteLog(dir.path() / "two", {"first", "second"});
+  {
+    std::fstream file(dir.path() / "two", std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(static_cast<std::streamoff>(offsets[0]));
+    file.write(std::string(RecordLog::kHeaderBytes, '\0').data(), RecordLog::kHeaderBytes);
+  }
+  records.clear();
+  EXPECT_EQ(RecordLog::Open(dir.path() / "two", &records).status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
+TEST(RecordLog, ALogOfTheEarlierFramingIsReadOnceAndRewritten) {
+  FakeRoot dir;
+  std::filesystem::path path = dir.path() / "log";
+  // Before the magic: uint32_be(length) || first 4 bytes of SHA-256(record) || record.
+  std::string old;
+  for (std::string record : {"one", "two"}) {
+    old += proto::Uint32Be(static_cast<uint32_t>(record.size())) + pki::Sha256(record).substr(0, 4) +
+           record;
+  }
+  dir.Write("log", old);
+  std::vector<std::string> records;
+  {
+    RecordLog log = *RecordLog::Open(path, &records);
+    ASSERT_TRUE(log.Append("three").ok());
+  }
+  EXPECT_EQ(records, (std::vector<std::string>{"one", "two"}));
+  records.clear();
+  ASSERT_TRUE(RecordLog::Open(path, &records).ok());
+  EXPECT_EQ(records, (std::vector<std::string>{"one", "two", "three"}));
+  std::ifstream in(path, std::ios::binary);
+  std::string head(RecordLog::kMagic.size(), '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  EXPECT_EQ(head, RecordLog::kMagic);
 }
 
 TEST(RecordLog, AFileOfAnotherFormatIsRefusedNotEmptied) {
