@@ -1,5 +1,6 @@
 // Offers arbitrary bytes as a SignedSpec to DesiredState (no command-signing roots, so every
-// decodable spec reaches the section appliers), and checks them as a JWKS.
+// decodable spec reaches the section appliers, the access section's own check among them), and
+// checks them as a JWKS.
 
 #include <cstdint>
 #include <filesystem>
@@ -7,6 +8,7 @@
 #include <string_view>
 
 #include "daemon/desired.h"
+#include "daemon/tunnels.h"
 #include "pki/envelope.h"
 #include "pki/files.h"
 #include "pki/jwt.h"
@@ -38,8 +40,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::filesystem::remove(*dir / "spec.binpb");
   auto state = bcd::DesiredState::Open(*dir, "n-1", &log);
   if (!state.ok()) return 0;
+  // The node's own access applier: the section checked whole (ops, max_tunnels, JWKS).
   (*state)->Register("access", [](const bettercompute::agent::v1::NodeSpec& spec) -> absl::Status {
-    return bcd::pki::CheckJwks(spec.access().tunnel_jwks()).status();
+    return bcd::TunnelAccess::FromSection(spec.access(), bcd::kMaxTunnels).status();
   });
   bettercompute::agent::v1::SignedSpec signed_spec;
   signed_spec.set_body(std::string(bytes));

@@ -226,8 +226,8 @@ TEST_F(Session, NoWelcomeInTimeEndsTheSessionAndStatusShowsNoStaleSession) {
   welcome_timeout_ = seconds(1);
   StartDaemon(JoinAs("n-1"));
   ASSERT_TRUE(gateway_->WaitForWelcomes(1, kWait));
-  ASSERT_TRUE(daemon_->WaitUntil([](const SessionSnapshot& s) { return s.state == "connected"; },
-                                 kWait));
+  ASSERT_TRUE(
+      daemon_->WaitUntil([](const SessionSnapshot& s) { return s.state == "connected"; }, kWait));
   std::string first = daemon_->Snapshot().session_id;
   ASSERT_FALSE(first.empty());
   // The next session gets no Welcome.

@@ -162,8 +162,8 @@ TEST(RecordLog, ALogOfTheEarlierFramingIsReadOnceAndRewritten) {
   // Before the magic: uint32_be(length) || first 4 bytes of SHA-256(record) || record.
   std::string old;
   for (std::string record : {"one", "two"}) {
-    old += proto::Uint32Be(static_cast<uint32_t>(record.size())) + pki::Sha256(record).substr(0, 4) +
-           record;
+    old += proto::Uint32Be(static_cast<uint32_t>(record.size())) +
+           pki::Sha256(record).substr(0, 4) + record;
   }
   dir.Write("log", old);
   std::vector<std::string> records;
