@@ -19,7 +19,12 @@ BCD_PACKAGES=(
   openssh-server openssh-client  # ssh -L beside the tunnel benchmark
   shellcheck curl wget binutils  # the generated installer: linted, and run downloading with curl and wget
   systemd dpkg-dev  # systemd-analyze verify on the units; dpkg-shlibdeps and dpkg-deb for the package
+  strace  # the durability tests watch bcd's system calls
+  util-linux  # unshare: the tunnel-user test gives bcd its own /etc/passwd
 )
+# Commands the tests need, and the Debian package of each when the command is missing (Node.js may
+# come from elsewhere, with its own npm: a machine that has both keeps them).
+BCD_COMMANDS=(node:nodejs npm:npm)
 
 log() { printf '\n==> %s\n' "$*" >&2; }
 
@@ -27,6 +32,9 @@ install_missing_packages() {
   local missing=()
   for pkg in "${BCD_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  for pair in "${BCD_COMMANDS[@]}"; do
+    command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
   log "installing ${missing[*]}"
@@ -40,11 +48,12 @@ install_missing_packages() {
 }
 
 # The independent peers of the interop tests (jose), pinned by tests/interop/package-lock.json.
-# Node.js and npm come with the machine; without them the interop test is skipped, not failed.
+# Node.js and npm are installed above; without them the interop tests fail, they are never
+# silently left out.
 install_node_peers() {
   if ! command -v npm >/dev/null; then
-    log "npm not found: the pki interop test will not run"
-    return 0
+    echo "npm is not installed: the interop tests need Node.js and npm" >&2
+    exit 1
   fi
   log "installing the interop peers (npm ci)"
   npm ci --prefix "$BCD_ROOT/tests/interop" --no-audit --no-fund --loglevel=error

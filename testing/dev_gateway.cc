@@ -164,6 +164,7 @@ struct DevGateway::State {
   int next_session = 1;                                                  // guarded by mu
   bool withhold_acks = false;                                            // guarded by mu
   int withhold_welcomes = 0;                                             // guarded by mu
+  int frames_after_bad_proof = 0;                                        // guarded by mu
   int renewals = 0;                                                      // guarded by mu
   std::map<std::string, std::vector<int64_t>> ws_renewal_times;          // guarded by mu
   std::map<std::string, std::vector<v1::ServerFrame>> pending_unsigned;  // guarded by mu
@@ -756,6 +757,22 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
         state_->cv.notify_all();
         return;
       }
+      case Fault::kProofOtherNode:
+      case Fault::kProofOtherNonce:
+      case Fault::kProofOldIat:
+      case Fault::kProofForeignKey:
+      case Fault::kNoProof: {
+        // A node must close such a session before it sends anything: count what it sends.
+        v1::AgentFrame frame;
+        while (stream.Read(&frame)) {
+          std::lock_guard<std::mutex> lock(state_->mu);
+          ++state_->frames_after_bad_proof;
+        }
+        std::lock_guard<std::mutex> lock(state_->mu);
+        state_->ws_close_codes[node_id] = stream.connection().peer_close_code();
+        state_->cv.notify_all();
+        return;
+      }
       default:
         break;
     }
@@ -1016,6 +1033,11 @@ bool DevGateway::PushUndecodable(const std::string& node_id) {
   v1::ServerFrame frame;
   frame.mutable_cancel_command()->set_command_id(std::string("\xff\xfe") + " not utf-8");
   return PushFrame(node_id, frame, /*filtered=*/false);
+}
+
+int DevGateway::FramesAfterBadProof() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->frames_after_bad_proof;
 }
 
 void DevGateway::WithholdWelcomes(int count) {

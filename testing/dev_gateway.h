@@ -139,6 +139,8 @@ class DevGateway {
     kSilent,            // accepts, then never reads: pings go unanswered
   };
   void SetWsFault(WsFault fault, int count = 1);
+  // WebSocket messages nodes sent on sessions whose 101 carried a bad (or no) gateway proof.
+  int FramesAfterBadProof() const;
   // Unsigned commands and specs held for `node_id`.
   std::size_t PendingUnsigned(const std::string& node_id) const;
   // Sends a frame as is, past the signed-only hold (what a proxy in the middle could inject).

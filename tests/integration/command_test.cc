@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
 #include <future>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -83,8 +85,10 @@ class Commands : public ::testing::Test {
     daemon_.reset();
   }
 
+  // Issued when the test began: made again, a command is the same bytes (a redelivery), never
+  // a different command under its id because a second went by.
   v1::Command Make(const std::string& id, const std::string& kind) {
-    return DevPki::MakeCommand(id, "n-1", kind, std::time(nullptr));
+    return DevPki::MakeCommand(id, "n-1", kind, issued_at_);
   }
 
   void Send(const v1::SignedCommand& command) {
@@ -122,6 +126,7 @@ class Commands : public ::testing::Test {
   }
 
   FakeRoot dir_, root_;
+  int64_t issued_at_ = std::time(nullptr);
   DevPki pki_;
   std::unique_ptr<DevGateway> gateway_;
   std::ostringstream log_text_;
@@ -443,14 +448,29 @@ TEST_F(Commands, AFullOutboxSaysSoOnceAndResultsAreStillRemembered) {
   outbox_max_entries_ = 6;
   gateway_->WithholdAcks(true);
   Start();
+  std::vector<v1::SignedCommand> sent;
   for (int i = 0; i < 3; ++i) {
-    Send(pki_.SignCommand(Make("c-" + std::to_string(i), "inventory.refresh")));
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    sent.push_back(pki_.SignCommand(Make("c-" + std::to_string(i), "inventory.refresh")));
+    Send(sent.back());
   }
   EXPECT_TRUE(
       daemon_->WaitUntil([](const SessionSnapshot& s) { return s.outbox_pending == 6; }, kWait))
       << daemon_->Snapshot().outbox_pending;
+  // All three ran (each sent its inventory, which does not go through the outbox), and the sixth
+  // entry, the outbox.full event, reached the gateway.
+  auto received = [&](const std::function<bool(const v1::AgentFrame&)>& match, long count) {
+    auto deadline = std::chrono::steady_clock::now() + kWait;
+    while (std::chrono::steady_clock::now() < deadline) {
+      std::vector<v1::AgentFrame> frames = gateway_->Received("n-1");
+      if (std::count_if(frames.begin(), frames.end(), match) >= count) return true;
+      gateway_->WaitForReceived("n-1", frames.size() + 1, std::chrono::milliseconds(200));
+    }
+    return false;
+  };
+  ASSERT_TRUE(received([](const v1::AgentFrame& f) { return f.has_inventory(); }, 3));
+  ASSERT_TRUE(received([](const v1::AgentFrame& f) { return f.has_event(); }, 1));
   int full = 0, updates = 0;
+  std::set<std::string> finished;
   for (const auto& frame : gateway_->Received("n-1")) {
     if (frame.has_event() && frame.event().kind() == "outbox.full") {
       ++full;
@@ -459,17 +479,40 @@ TEST_F(Commands, AFullOutboxSaysSoOnceAndResultsAreStillRemembered) {
                 "after this one are lost until it drains");
     }
     updates += frame.has_command_update();
+    if (frame.has_command_update() && frame.command_update().state() == v1::COMMAND_STATE_SUCCEEDED)
+      finished.insert(frame.command_update().command_id());
   }
   EXPECT_EQ(full, 1);
   EXPECT_EQ(updates, 5);
-  // What could not be sent is still the command's result: a redelivery is answered from it.
+  // A command whose result never reached the gateway: it ran all the same, and its result is
+  // remembered. Redelivered, it is answered from memory (one terminal update, no new inventory),
+  // not run again.
+  auto lost = std::find_if(sent.begin(), sent.end(), [&](const v1::SignedCommand& c) {
+    v1::Command command;
+    command.ParseFromString(c.body());
+    return !finished.contains(command.command_id());
+  });
+  ASSERT_NE(lost, sent.end()) << "every result arrived: nothing was lost to the full outbox";
+  v1::Command command;
+  command.ParseFromString(lost->body());
   gateway_->WithholdAcks(false);
   ASSERT_TRUE(
       daemon_->WaitUntil([](const SessionSnapshot& s) { return s.outbox_pending == 0; }, kWait));
-  Send(pki_.SignCommand(Make("c-2", "inventory.refresh")));
-  std::vector<v1::CommandUpdate> c2 = Updates("c-2");
-  ASSERT_FALSE(c2.empty());
-  EXPECT_EQ(c2.back().state(), v1::COMMAND_STATE_SUCCEEDED);
+  auto count = [&](const std::function<bool(const v1::AgentFrame&)>& match) {
+    std::vector<v1::AgentFrame> frames = gateway_->Received("n-1");
+    return std::count_if(frames.begin(), frames.end(), match);
+  };
+  auto of_command = [&](const v1::AgentFrame& f) {
+    return f.has_command_update() && f.command_update().command_id() == command.command_id();
+  };
+  auto inventory = [](const v1::AgentFrame& f) { return f.has_inventory(); };
+  long updates_before = count(of_command), inventories_before = count(inventory);
+  Send(*lost);
+  std::vector<v1::CommandUpdate> answer = Updates(command.command_id());
+  ASSERT_FALSE(answer.empty());
+  EXPECT_EQ(answer.back().state(), v1::COMMAND_STATE_SUCCEEDED);
+  EXPECT_EQ(count(of_command), updates_before + 1) << "ACCEPTED and RUNNING again: it ran again";
+  EXPECT_EQ(count(inventory), inventories_before) << "it collected the inventory again";
 }
 
 class Quorum : public Commands {

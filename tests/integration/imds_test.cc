@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
+#include <functional>
 #include <future>
 #include <sstream>
 #include <thread>
@@ -150,7 +152,9 @@ TEST_F(Imds, ASlowFetchForOneInstanceDoesNotHoldUpAnother) {
     Ask("127.0.0.2", server_->port(), "GET", "/v1/user-data", {"X-BC-Metadata-Token: " + a});
     a_done = true;
   });
-  while (fetches_ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int i = 0; i < 2000 && fetches_ == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_GT(fetches_, 0) << "vm-a's fetch never started";
   Reply meta =
       Ask("127.0.0.3", server_->port(), "GET", "/v1/meta-data", {"X-BC-Metadata-Token: " + b});
   EXPECT_EQ(meta.status, 200);
@@ -310,6 +314,47 @@ TEST_F(Imds, AnUnknownSourceIsLoggedOncePerMinute) {
   now_ += 60;
   Ask("127.0.0.4", server_->port(), "GET", "/v1/meta-data");
   EXPECT_EQ(lines(), 2);
+}
+
+// The TTLs of the TCP segments with data that 127.0.0.1:`port` sends to `to` while `act` runs,
+// read from the IP headers of a raw socket's copies (root only). On loopback a copy is queued for
+// the raw socket before the data reaches the receiving TCP socket, so once `act` has read its
+// answer every copy is there to drain.
+std::vector<int> TtlsOfAnswers(uint16_t port, const std::string& to,
+                               const std::function<void()>& act) {
+  int raw = socket(AF_INET, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_TCP);
+  if (raw < 0) return {};
+  act();
+  std::vector<int> ttls;
+  in_addr_t destination = inet_addr(to.c_str());
+  unsigned char packet[65536];
+  ssize_t n;
+  while ((n = recv(raw, packet, sizeof packet, MSG_DONTWAIT)) > 0) {
+    std::size_t ip_header = (packet[0] & 0x0f) * 4u;
+    if (static_cast<std::size_t>(n) < ip_header + 20) continue;
+    in_addr_t daddr;
+    std::memcpy(&daddr, packet + 16, 4);
+    uint16_t source_port = static_cast<uint16_t>(packet[ip_header] << 8 | packet[ip_header + 1]);
+    std::size_t tcp_header = (packet[ip_header + 12] >> 4) * 4u;
+    bool data = static_cast<std::size_t>(n) > ip_header + tcp_header;
+    if (daddr == destination && source_port == port && data) ttls.push_back(packet[8]);
+  }
+  close(raw);
+  return ttls;
+}
+
+TEST_F(Imds, TheTokenAnswerLeavesWithAnIpTtlOfOne) {
+  if (geteuid() != 0) GTEST_SKIP() << "reading IP headers needs a raw socket (root)";
+  std::vector<int> put =
+      TtlsOfAnswers(server_->port(), "127.0.0.2", [&] { TokenFor("127.0.0.2"); });
+  ASSERT_FALSE(put.empty()) << "no answer seen";
+  for (int ttl : put) EXPECT_EQ(ttl, 1);
+  std::string b = TokenFor("127.0.0.3");
+  std::vector<int> get = TtlsOfAnswers(server_->port(), "127.0.0.3", [&] {
+    Ask("127.0.0.3", server_->port(), "GET", "/v1/meta-data", {"X-BC-Metadata-Token: " + b});
+  });
+  ASSERT_FALSE(get.empty());
+  for (int ttl : get) EXPECT_GT(ttl, 1) << "only the token answer is held to one hop";
 }
 
 }  // namespace

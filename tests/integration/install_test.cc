@@ -376,6 +376,16 @@ TEST_F(Install, DownloadsOverHttpsWithCurlOrWget) {
   EXPECT_EQ(wget.status, 0) << wget.out;
   EXPECT_EQ(Read(dir_.path() / "root-wget/usr/local/bin/bcd"), Read(binary_));
 
+  // wget, like curl, refuses a server it has no reason to trust.
+  Ran wget_untrusted = Sh("WGETRC=/dev/null PATH=" + no_curl.string() + " sh " + script +
+                          " --root " + (dir_.path() / "root-wget-untrusted").string());
+  EXPECT_EQ(wget_untrusted.status, 1) << wget_untrusted.out;
+  EXPECT_NE(wget_untrusted.out.find(
+                "bcd-install: error: could not download https://127.0.0.1:" + port + "/bcd"),
+            std::string::npos)
+      << wget_untrusted.out;
+  EXPECT_FALSE(std::filesystem::exists(dir_.path() / "root-wget-untrusted"));
+
   std::filesystem::remove(no_curl / "wget");
   Ran neither = Sh("PATH=" + no_curl.string() + " sh " + script + " --root " +
                    (dir_.path() / "root-neither").string());

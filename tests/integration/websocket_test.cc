@@ -19,6 +19,7 @@
 #include "daemon/node.h"
 #include "daemon/renew.h"
 #include "gtest/gtest.h"
+#include "pki/x509.h"
 #include "testing/child_process.h"
 #include "testing/dev_gateway.h"
 #include "tests/unit/fake_root.h"
@@ -225,9 +226,12 @@ TEST_F(WebSocket, RenewsOverHttpsAndTheNextDialUsesTheNewCertificate) {
   EXPECT_EQ(gateway_->websocket_renewals(), 1);
   EXPECT_EQ(gateway_->renewals(), 1);  // none over gRPC
   EXPECT_NE(ReadFile(dir_.path() / "state" / "identity.pem"), first_leaf);
-  // The session goes on; a redial authenticates with the renewed chain (the old one expires
-  // within seconds, so a session after that proves it).
-  std::this_thread::sleep_for(seconds(4));
+  // The session goes on; a redial authenticates with the renewed chain: once the old one has
+  // expired, a session proves it.
+  int64_t old_expiry = pki::ParsePemChain(first_leaf)->front().NotAfter();
+  for (int i = 0; i < 300 && Now() <= old_expiry; ++i)
+    std::this_thread::sleep_for(milliseconds(50));
+  ASSERT_GT(Now(), old_expiry);
   gateway_->DropSessions();
   ASSERT_TRUE(gateway_->WaitForWelcomes(2, kWait));
   ExpectInventoryRefresh("c-after-renewal");
@@ -381,8 +385,10 @@ TEST_P(UnprovenGateway, IsClosedBeforeAnyFrameAndRedialed) {
   gateway_->SetWsFault(GetParam().fault, 2);
   StartDaemon(JoinAs("n-1"));
   ASSERT_TRUE(WaitForError(GetParam().error)) << daemon_->Snapshot().last_error;
-  // No Hello reached the gateway from these; after the faults, the session comes up.
+  // Not one frame (not even Hello) reached the gateway on these; after the faults, the session
+  // comes up.
   ASSERT_TRUE(gateway_->WaitForWelcomes(1, kWait));
+  EXPECT_EQ(gateway_->FramesAfterBadProof(), 0);
   EXPECT_EQ(gateway_->SessionNodes().size(), 1u);
   EXPECT_NE(log_.Text().find("gateway-proof"), std::string::npos);
 }

@@ -10,6 +10,12 @@ src=$1 bin=$2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cd "$src/tests/interop"
+for program in node openssl; do
+  if ! command -v "$program" >/dev/null; then
+    echo "$program is not installed: the interop test needs it (scripts/test installs it)" >&2
+    exit 1
+  fi
+done
 if [ ! -d node_modules/jose ]; then
   echo "jose is not installed: run 'npm ci' in tests/interop (scripts/test does)" >&2
   exit 1

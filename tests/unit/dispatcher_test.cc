@@ -29,19 +29,35 @@ class BlockingHandler final : public CommandHandler {
   absl::StatusOr<std::string> Run(const v1::Command&, const google::protobuf::Message&,
                                   const std::atomic<bool>& stop) override {
     std::unique_lock<std::mutex> lock(mu_);
+    auto began = std::chrono::steady_clock::now();
     ++runs_;
     started_.notify_all();
     // Like a real handler between two steps of work: look at the stop flag every 10 ms.
     auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (!released_ && !stop.load() && std::chrono::steady_clock::now() < give_up) {
+    while (!released_ && release_one_ == 0 && !stop.load() &&
+           std::chrono::steady_clock::now() < give_up) {
       cv_.wait_for(lock, std::chrono::milliseconds(10));
     }
+    if (release_one_ > 0) --release_one_;
+    last_run_ = std::chrono::steady_clock::now() - began;
     if (stop) return absl::CancelledError("stopped");
     return std::string("done");
   }
+  // How long the last run lasted, until released or stopped.
+  std::chrono::steady_clock::duration last_run() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_run_;
+  }
+  // Every run from now on ends at once.
   void Release() {
     std::lock_guard<std::mutex> lock(mu_);
     released_ = true;
+    cv_.notify_all();
+  }
+  // The run in progress (or the next) ends; later ones block again.
+  void ReleaseOne() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++release_one_;
     cv_.notify_all();
   }
   bool WaitStarted(int runs) {
@@ -54,6 +70,8 @@ class BlockingHandler final : public CommandHandler {
   std::condition_variable cv_, started_;
   int runs_ = 0;
   bool released_ = false;
+  int release_one_ = 0;
+  std::chrono::steady_clock::duration last_run_{};
 };
 
 class DispatcherTest : public ::testing::Test {
@@ -166,11 +184,20 @@ TEST_F(DispatcherTest, AcceptedAlwaysComesBeforeRunning) {
 }
 
 TEST_F(DispatcherTest, ATimeoutStartsWhenTheCommandRuns) {
-  dispatcher_->Submit(Signed("slow", "inventory.refresh", /*timeout=*/1), *trust_, false);
+  // "slow" (1 s) waits in its lane behind "first" for longer than its timeout.
+  dispatcher_->Submit(Signed("first", "inventory.refresh"), *trust_, false);
   ASSERT_TRUE(handler_->WaitStarted(1));
+  dispatcher_->Submit(Signed("slow", "inventory.refresh", /*timeout=*/1), *trust_, false);
+  ASSERT_TRUE(WaitFor("slow", v1::COMMAND_STATE_ACCEPTED));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // queued past its timeout
+  EXPECT_TRUE(UpdatesOf("slow").size() == 1u) << "it timed out (or ran) while it waited";
+  handler_->ReleaseOne();  // "first" ends; "slow" runs, and its second starts now
+  ASSERT_TRUE(WaitFor("first", v1::COMMAND_STATE_SUCCEEDED));
   std::optional<v1::CommandUpdate> done = WaitFor("slow", v1::COMMAND_STATE_TIMED_OUT);
   ASSERT_TRUE(done.has_value()) << log_text_.str();
   EXPECT_EQ(done->message(), "the command ran past its timeout");
+  // It ran for its whole second: the handler saw the stop no sooner.
+  EXPECT_GE(handler_->last_run(), std::chrono::seconds(1));
 }
 
 TEST_F(DispatcherTest, CancelsAQueuedCommandAtOnceAndARunningOneThroughItsStopFlag) {

@@ -167,6 +167,34 @@ TEST_F(Trust, RefusesAnInvalidSet) {
             "approver set refused: approver key \"a0\" appears twice in the set");
 }
 
+TEST_F(Trust, ASignatureUnderAHeldKidCountsOnlyWhenItVerifies) {
+  TrustState state = *TrustState::FromFirstBundle(Signed(Bundle(1, 0, 3, 2, 1)), join_.Public());
+  v1::TrustBundle next = Bundle(2, 1, 3, 2, 2);
+  ApproveSet(&next, 0);
+  // Under the held kid "a1", but made by another key: it names a1, it is not a1's.
+  ApproverSet set = *ApproverSet::FromBundle(next);
+  *next.add_approver_set_signatures() =
+      *Sign(proto::ApproverSetSigningInput(2, set.Sha256(), next.trust_domain()),
+            *PrivateKey::Generate(), "a1");
+  auto update = *state.Accept(Signed(next), join_.Public());
+  EXPECT_EQ(
+      update.approver_set_refusal,
+      "approver set refused: the change to epoch 2 is signed by 1 of the current approvers, 2 "
+      "needed");
+  EXPECT_EQ(update.state.approvers().epoch(), 1u);
+}
+
+TEST_F(Trust, OneKeyUnderTwoKidsIsRefusedAndCannotMeetAQuorum) {
+  v1::TrustBundle twice = Bundle(1, 0, 2, 2, 1);
+  twice.mutable_approver_keys(1)->set_spki(approvers_[0].Public().SpkiDer());  // a1 = a0's key
+  absl::StatusOr<ApproverSet> set = ApproverSet::FromBundle(twice);
+  EXPECT_EQ(Message(set.status()), "approver key \"a1\" appears twice in the set");
+  TrustState state = *TrustState::FromFirstBundle(Signed(Bundle(1, 0, 0, 0, 0)), join_.Public());
+  twice.set_version(2);
+  EXPECT_EQ(state.Accept(Signed(twice), join_.Public())->approver_set_refusal,
+            "approver set refused: approver key \"a1\" appears twice in the set");
+}
+
 // Approvals of destructive commands.
 class Approvals : public Trust {
  protected:

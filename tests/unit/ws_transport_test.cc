@@ -180,6 +180,10 @@ TEST_F(WsAuth, AGatewayProofIsRefusedNamingWhy) {
   EXPECT_NE(Message(VerifyGatewayProof(Proof("n-1", std::string(16, 'x'), kNow - 61), Check()))
                 .find("not within 60 s"),
             std::string::npos);
+  // A proof from the future is no fresher than one from the past.
+  EXPECT_EQ(Message(VerifyGatewayProof(Proof("n-1", std::string(16, 'x'), kNow + 61), Check())),
+            "gateway proof refused: its iat 1800000061 is not within 60 s of this node's "
+            "clock (1800000000)");
   GatewayProofCheck other_name = Check();
   other_name.server_name = "gw.elsewhere.test";
   EXPECT_NE(Message(VerifyGatewayProof(Proof(), other_name)).find("not valid for the name"),
