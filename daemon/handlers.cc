@@ -123,13 +123,13 @@ absl::Status NodeRebootHandler::Validate(const v1::Command&,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> NodeRebootHandler::Run(const v1::Command&,
+absl::StatusOr<std::string> NodeRebootHandler::Run(const v1::Command& command,
                                                    const google::protobuf::Message& message,
                                                    const std::atomic<bool>&) {
   const auto& payload = static_cast<const v1::NodeRebootPayload&>(message);
   v1::NodeRebootResult result;
-  result.set_scheduled_at(static_cast<uint64_t>(
-      schedule_(std::chrono::seconds(payload.delay_seconds()), payload.reason())));
+  result.set_scheduled_at(static_cast<uint64_t>(schedule_(
+      std::chrono::seconds(payload.delay_seconds()), payload.reason(), command.command_id())));
   return result.SerializeAsString();
 }
 

@@ -60,10 +60,12 @@ class LogsCollectHandler final : public CommandHandler {
 
 // node.reboot: hands the delay to `schedule`, which runs the configured reboot command once the
 // delay has passed and the result has reached the gateway (node.cc), and answers with the time it
-// is due (an earlier reboot still due is the one that happens: the node reboots once).
+// is due (an earlier reboot still due is the one that happens: the node reboots once). The reboot
+// command finds the reason and the command id in BCD_REBOOT_REASON and BCD_COMMAND_ID.
 class NodeRebootHandler final : public CommandHandler {
  public:
-  using Schedule = std::function<int64_t(std::chrono::seconds delay, std::string reason)>;
+  using Schedule = std::function<int64_t(std::chrono::seconds delay, std::string reason,
+                                         std::string command_id)>;
   explicit NodeRebootHandler(Schedule schedule) : schedule_(std::move(schedule)) {}
   absl::Status Validate(const bettercompute::agent::v1::Command& command,
                         const google::protobuf::Message& payload) const override;

@@ -243,9 +243,10 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
     daemon->reboot_command_ = config.reboot_command();
     daemon->dispatcher_->Register(
         "node.reboot",
-        std::make_unique<NodeRebootHandler>([self](std::chrono::seconds delay, std::string reason) {
-          return self->ScheduleReboot(delay, std::move(reason));
-        }));
+        std::make_unique<NodeRebootHandler>(
+            [self](std::chrono::seconds delay, std::string reason, std::string command_id) {
+              return self->ScheduleReboot(delay, std::move(reason), std::move(command_id));
+            }));
   }
   daemon->engine_->set_dispatcher(daemon->dispatcher_.get());
   daemon->secrets_ = std::make_unique<SecretClient>(
@@ -364,50 +365,53 @@ NodeDaemon::~NodeDaemon() {
   if (reboot.joinable()) reboot.join();
 }
 
-int64_t NodeDaemon::ScheduleReboot(std::chrono::seconds delay, std::string reason) {
+int64_t NodeDaemon::ScheduleReboot(std::chrono::seconds delay, std::string reason,
+                                   std::string command_id) {
   std::lock_guard<std::mutex> lock(reboot_mu_);
   if (reboot_due_) return *reboot_due_;  // one is due: the node reboots once
   int64_t due = now_() + delay.count();
   if (stopping_) return due;
   if (reboot_.joinable()) reboot_.join();  // an earlier one ran: this is a new reboot
   reboot_due_ = due;
-  reboot_ = std::thread([this, delay, reason = std::move(reason)] {
-    auto abandon = [&](std::string_view why) {
-      log_->Warn("node.reboot_abandoned", {{"reason", reason}, {"why", std::string(why)}});
-      std::lock_guard<std::mutex> lock(reboot_mu_);
-      reboot_due_.reset();
-    };
-    auto due_at = std::chrono::steady_clock::now() + delay;
-    {
-      std::unique_lock<std::mutex> lock(reboot_mu_);
-      if (reboot_cv_.wait_until(lock, due_at, [&] { return stopping_; })) {
-        lock.unlock();
-        return abandon("bcd stopped before the reboot was due");
-      }
-    }
-    // The result should reach the gateway before the node goes down; after 30 s it reboots anyway
-    // and the result goes from the outbox after the restart. A daemon that stops meanwhile does
-    // not reboot the machine on its way out.
-    engine_->WaitUntil(
-        [](const SessionSnapshot& s) { return s.outbox_pending == 0 || s.state == "stopped"; },
-        std::chrono::seconds(30));
-    bool stopped;
-    {
-      std::lock_guard<std::mutex> lock(reboot_mu_);
-      stopped = stopping_ || engine_->Snapshot().state == "stopped";
-      if (!stopped) reboot_due_.reset();  // from here a new request is a new reboot
-    }
-    if (stopped) return abandon("bcd stopped before the reboot command ran");
-    log_->Warn("node.reboot", {{"reason", reason}, {"command", reboot_command_.front()}});
-    SubprocessRunner runner;
-    absl::StatusOr<std::string> ran = runner.Run(reboot_command_, std::chrono::minutes(1));
-    if (!ran.ok()) {
-      std::string why(ToStd(ran.status().message()));
-      log_->Error("node.reboot_failed", {{"error", why}});
-      (void)engine_->Emit(bettercompute::agent::v1::SEVERITY_ERROR, "node.reboot_failed",
-                          "the reboot command failed: " + why);
-    }
-  });
+  reboot_ =
+      std::thread([this, delay, reason = std::move(reason), command_id = std::move(command_id)] {
+        auto abandon = [&](std::string_view why) {
+          log_->Warn("node.reboot_abandoned", {{"reason", reason}, {"why", std::string(why)}});
+          std::lock_guard<std::mutex> lock(reboot_mu_);
+          reboot_due_.reset();
+        };
+        auto due_at = std::chrono::steady_clock::now() + delay;
+        {
+          std::unique_lock<std::mutex> lock(reboot_mu_);
+          if (reboot_cv_.wait_until(lock, due_at, [&] { return stopping_; })) {
+            lock.unlock();
+            return abandon("bcd stopped before the reboot was due");
+          }
+        }
+        // The result should reach the gateway before the node goes down; after 30 s it reboots
+        // anyway and the result goes from the outbox after the restart. A daemon that stops
+        // meanwhile does not reboot the machine on its way out.
+        engine_->WaitUntil(
+            [](const SessionSnapshot& s) { return s.outbox_pending == 0 || s.state == "stopped"; },
+            std::chrono::seconds(30));
+        bool stopped;
+        {
+          std::lock_guard<std::mutex> lock(reboot_mu_);
+          stopped = stopping_ || engine_->Snapshot().state == "stopped";
+          if (!stopped) reboot_due_.reset();  // from here a new request is a new reboot
+        }
+        if (stopped) return abandon("bcd stopped before the reboot command ran");
+        log_->Warn("node.reboot", {{"reason", reason}, {"command", reboot_command_.front()}});
+        absl::StatusOr<std::string> ran = RunWithEnv(
+            reboot_command_, {"BCD_REBOOT_REASON=" + reason, "BCD_COMMAND_ID=" + command_id},
+            std::chrono::minutes(1));
+        if (!ran.ok()) {
+          std::string why(ToStd(ran.status().message()));
+          log_->Error("node.reboot_failed", {{"error", why}});
+          (void)engine_->Emit(bettercompute::agent::v1::SEVERITY_ERROR, "node.reboot_failed",
+                              "the reboot command failed: " + why);
+        }
+      });
   return due;
 }
 

@@ -94,7 +94,7 @@ class NodeDaemon {
   std::optional<pki::PrivateKey> node_key_;  // guarded by key_mu_; replaced at each renewal
   // node.reboot: waits out the delay and for the outbox to drain, then runs the reboot command;
   // returns the unix time it is due. While one is due, another request is that one.
-  int64_t ScheduleReboot(std::chrono::seconds delay, std::string reason);
+  int64_t ScheduleReboot(std::chrono::seconds delay, std::string reason, std::string command_id);
   std::vector<std::string> reboot_command_;
   std::mutex reboot_mu_;
   std::condition_variable reboot_cv_;

@@ -51,7 +51,8 @@ struct SpawnSetup {
 
 absl::StatusOr<std::string> RunChild(const std::vector<std::string>& argv,
                                      std::chrono::milliseconds timeout, std::size_t max_output,
-                                     bool* truncated, const std::atomic<bool>* stop);
+                                     bool* truncated, const std::atomic<bool>* stop,
+                                     const std::vector<std::string>* env = nullptr);
 
 }  // namespace
 
@@ -59,6 +60,12 @@ absl::StatusOr<std::string> SubprocessRunner::Run(const std::vector<std::string>
                                                   std::chrono::milliseconds timeout,
                                                   std::size_t max_output) {
   return RunChild(argv, timeout, max_output, nullptr, nullptr);
+}
+
+absl::StatusOr<std::string> RunWithEnv(const std::vector<std::string>& argv,
+                                       const std::vector<std::string>& env,
+                                       std::chrono::milliseconds timeout) {
+  return RunChild(argv, timeout, 1 << 20, nullptr, nullptr, &env);
 }
 
 absl::StatusOr<std::string> RunCapped(const std::vector<std::string>& argv,
@@ -72,7 +79,8 @@ namespace {
 
 absl::StatusOr<std::string> RunChild(const std::vector<std::string>& argv,
                                      std::chrono::milliseconds timeout, std::size_t max_output,
-                                     bool* truncated, const std::atomic<bool>* stop) {
+                                     bool* truncated, const std::atomic<bool>* stop,
+                                     const std::vector<std::string>* env) {
   if (argv.empty()) return absl::InvalidArgumentError("no program to run");
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
@@ -99,7 +107,14 @@ absl::StatusOr<std::string> RunChild(const std::vector<std::string>& argv,
   for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
   args.push_back(nullptr);
   pid_t pid = 0;
-  int rc = posix_spawnp(&pid, args[0], &setup.actions, &setup.attr, args.data(), environ);
+  std::vector<char*> envp;
+  if (env != nullptr) {
+    for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+    for (const std::string& entry : *env) envp.push_back(const_cast<char*>(entry.c_str()));
+    envp.push_back(nullptr);
+  }
+  int rc = posix_spawnp(&pid, args[0], &setup.actions, &setup.attr, args.data(),
+                        env != nullptr ? envp.data() : environ);
   if (rc != 0) {
     if (rc == ENOENT) return absl::NotFoundError(fmt::format("{}: not found", argv[0]));
     return absl::InternalError(fmt::format("{}: cannot start: {}", argv[0], std::strerror(rc)));

@@ -31,6 +31,11 @@ class SubprocessRunner final : public CommandRunner {
                                   std::size_t max_output = 1 << 20) override;
 };
 
+// Like SubprocessRunner::Run, with `env` (NAME=value) added to the child's environment.
+absl::StatusOr<std::string> RunWithEnv(const std::vector<std::string>& argv,
+                                       const std::vector<std::string>& env,
+                                       std::chrono::milliseconds timeout);
+
 // Like SubprocessRunner::Run, but output past `max_output` is not an error: the child is killed,
 // the first `max_output` bytes are returned and `*truncated` is set. When `stop` turns true (a
 // cancel, a timeout, a shutdown) the child is killed within 100 ms and the answer is Cancelled.

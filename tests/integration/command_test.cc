@@ -44,11 +44,11 @@ class Commands : public ::testing::Test {
     // Stand-ins for journalctl and dmesg, and a reboot command that leaves a mark.
     Script("journalctl", "echo \"journal of $5 since ${7:-always}\"");
     Script("dmesg", "echo '[    0.000000] Linux version 6.1.0'");
-    Config config =
-        *Config::Parse(gateway_->ConfigToml(dir_.path() / "state") +
-                           "[node]\nreboot_command = [\"/bin/sh\", \"-c\", \"echo rebooted >> " +
-                           (dir_.path() / "rebooted").string() + "\"]\n",
-                       "test.toml");
+    Config config = *Config::Parse(
+        gateway_->ConfigToml(dir_.path() / "state") +
+            "[node]\nreboot_command = [\"/bin/sh\", \"-c\", \"echo rebooted $BCD_COMMAND_ID >> " +
+            (dir_.path() / "rebooted").string() + "\"]\n",
+        "test.toml");
     JoinSpec spec{.evidence = gateway_->AddJoinToken("n-1"),
                   .now = [] { return static_cast<int64_t>(std::time(nullptr)); },
                   .sleep = [](seconds) {}};
@@ -413,12 +413,12 @@ TEST_F(Commands, EachNodeRebootReportsThenRunsTheRebootCommand) {
   EXPECT_NEAR(static_cast<double>(result.scheduled_at()), static_cast<double>(std::time(nullptr)),
               5);
   std::filesystem::path mark = dir_.path() / "rebooted";
-  EXPECT_EQ(WaitForLines(mark, 1), "rebooted\n");
+  EXPECT_EQ(WaitForLines(mark, 1), "rebooted c-reboot\n");
   // The machine did not go down (the command is a stand-in): a later reboot reboots again.
   command.set_command_id("c-reboot-2");
   Send(pki_.SignCommand(command));
   EXPECT_EQ(Updates("c-reboot-2").back().state(), v1::COMMAND_STATE_SUCCEEDED);
-  EXPECT_EQ(WaitForLines(mark, 2), "rebooted\nrebooted\n");
+  EXPECT_EQ(WaitForLines(mark, 2), "rebooted c-reboot\nrebooted c-reboot-2\n");
 }
 
 TEST_F(Commands, ARebootWhileOneIsDueIsThatOneAndAStopAbandonsIt) {
