@@ -556,17 +556,22 @@ TEST_F(Tunnels, SixteenTunnelsWhoseEndsStopReadingNeverEndTheSession) {
   // Each operator pushes 8 MiB at a destination that reads nothing: what bcd lets the gateway
   // send ahead is all that piles up, and the flow control holds the rest back.
   std::vector<std::thread> senders;
-  std::atomic<int> stopped{0};
+  std::atomic<long> chunks{0};
   for (DevTunnel& tunnel : tunnels) {
-    senders.emplace_back([&tunnel, &stopped] {
+    senders.emplace_back([&tunnel, &chunks] {
       std::string chunk(32 * 1024, 'x');
-      for (int i = 0; i < 256 && tunnel.Send(0, chunk); ++i) {
-      }
-      ++stopped;
+      for (int i = 0; i < 256 && tunnel.Send(0, chunk); ++i) ++chunks;
     });
   }
-  // The senders block once their windows are full; give them a bounded while to get there.
-  for (int i = 0; i < 100 && stopped < 16; ++i) std::this_thread::sleep_for(milliseconds(50));
+  // The senders block once what bcd lets the gateway send ahead is full: wait (bounded) until no
+  // chunk has gone for 500 ms.
+  long before = -1;
+  for (int i = 0; i < 40 && chunks != before; ++i) {
+    before = chunks;
+    std::this_thread::sleep_for(milliseconds(500));
+  }
+  EXPECT_EQ(chunks.load(), before) << "the senders never stopped: nothing held them back";
+  EXPECT_LT(chunks.load(), 16 * 256) << "every byte went: nothing held them back";
   EXPECT_EQ(gateway_->SessionNodes().size(), 1u) << "the session was ended and redialed";
   EXPECT_EQ(daemon_->Snapshot().welcomes, 1);
   EXPECT_EQ(daemon_->tunnels_open(), 16);
