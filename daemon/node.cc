@@ -241,6 +241,7 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
                           [](const UploadRequest& request) { return HttpPutFile(request); }));
   if (mode == proto::Mode::kNode) {
     daemon->reboot_command_ = config.reboot_command();
+    daemon->reboot_result_wait_ = env.reboot_result_wait;
     daemon->dispatcher_->Register(
         "node.reboot",
         std::make_unique<NodeRebootHandler>(
@@ -388,12 +389,12 @@ int64_t NodeDaemon::ScheduleReboot(std::chrono::seconds delay, std::string reaso
             return abandon("bcd stopped before the reboot was due");
           }
         }
-        // The result should reach the gateway before the node goes down; after 30 s it reboots
-        // anyway and the result goes from the outbox after the restart. A daemon that stops
+        // The result should reach the gateway before the node goes down; after a while (30 s) it
+        // reboots anyway and the result goes from the outbox after the restart. A daemon that stops
         // meanwhile does not reboot the machine on its way out.
         engine_->WaitUntil(
             [](const SessionSnapshot& s) { return s.outbox_pending == 0 || s.state == "stopped"; },
-            std::chrono::seconds(30));
+            reboot_result_wait_);
         bool stopped;
         {
           std::lock_guard<std::mutex> lock(reboot_mu_);

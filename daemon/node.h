@@ -38,6 +38,8 @@ struct NodeDaemonEnv {
   std::chrono::milliseconds keepalive_timeout = std::chrono::seconds(20);
   std::chrono::milliseconds welcome_timeout = std::chrono::seconds(30);
   std::size_t outbox_max_entries = 100000;
+  // How long node.reboot waits for its result to reach the gateway before rebooting anyway.
+  std::chrono::milliseconds reboot_result_wait = std::chrono::seconds(30);
   // Programs logs.collect runs (tests point them at scripts).
   std::string journalctl = "journalctl";
   std::string dmesg = "dmesg";
@@ -96,6 +98,7 @@ class NodeDaemon {
   // returns the unix time it is due. While one is due, another request is that one.
   int64_t ScheduleReboot(std::chrono::seconds delay, std::string reason, std::string command_id);
   std::vector<std::string> reboot_command_;
+  std::chrono::milliseconds reboot_result_wait_{std::chrono::seconds(30)};
   std::mutex reboot_mu_;
   std::condition_variable reboot_cv_;
   bool stopping_ = false;              // guarded by reboot_mu_

@@ -3,6 +3,8 @@
 // would.
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <future>
@@ -71,6 +73,7 @@ class Commands : public ::testing::Test {
                                    .uniform01 = [] { return 0.01; },
                                    .log = &log_,
                                    .outbox_max_entries = outbox_max_entries_,
+                                   .reboot_result_wait = reboot_result_wait_,
                                    .journalctl = (dir_.path() / "journalctl").string(),
                                    .dmesg = (dir_.path() / "dmesg").string()});
     runner_ = std::thread([this] { (void)daemon_->Run(); });
@@ -133,6 +136,7 @@ class Commands : public ::testing::Test {
   Logger log_{&log_text_, LogLevel::kInfo};
   std::unique_ptr<Config> config_;
   std::size_t outbox_max_entries_ = 100000;
+  std::chrono::milliseconds reboot_result_wait_ = seconds(30);
   std::unique_ptr<NodeDaemon> daemon_;
   std::thread runner_;
 };
@@ -439,6 +443,39 @@ TEST_F(Commands, ARebootWhileOneIsDueIsThatOneAndAStopAbandonsIt) {
   EXPECT_FALSE(std::filesystem::exists(dir_.path() / "rebooted"));
   EXPECT_NE(log_.Text().find("event=node.reboot_abandoned reason=\"\" why=\"bcd stopped before "
                              "the reboot was due\""),
+            std::string::npos)
+      << log_.Text();
+}
+
+// The reboot waits for its result to be acknowledged (here never: an hour), and a daemon that
+// stops meanwhile neither waits that out nor reboots the machine on its way out.
+TEST_F(Commands, AStopEndsTheRebootsWaitForItsResultAndNothingReboots) {
+  Stop();
+  reboot_result_wait_ = std::chrono::hours(1);
+  gateway_->WithholdAcks(true);
+  Start();
+  v1::NodeRebootPayload payload;
+  v1::Command command = Make("c-now", "node.reboot");
+  command.set_payload(payload.SerializeAsString());
+  Send(pki_.SignCommand(command));
+  ASSERT_EQ(Updates("c-now").back().state(), v1::COMMAND_STATE_SUCCEEDED);
+  EXPECT_GT(daemon_->Snapshot().outbox_pending, 0u) << "the result is not acknowledged";
+  // A stop that waited for the reboot's hour would not end within the bound (which is a bound on
+  // a hang, not a figure: a stop takes milliseconds).
+  std::promise<void> stopped;
+  std::future<void> done = stopped.get_future();
+  std::thread stopper([&] {
+    Stop();
+    stopped.set_value();
+  });
+  if (done.wait_for(kWait) != std::future_status::ready) {
+    ADD_FAILURE() << "the stop waits for the reboot's result";
+    std::fflush(nullptr);
+    std::_Exit(1);  // the stopper is stuck for the hour: end here rather than hang
+  }
+  stopper.join();
+  EXPECT_FALSE(std::filesystem::exists(dir_.path() / "rebooted"));
+  EXPECT_NE(log_.Text().find("why=\"bcd stopped before the reboot command ran\""),
             std::string::npos)
       << log_.Text();
 }
