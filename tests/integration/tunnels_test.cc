@@ -35,6 +35,17 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 
 constexpr auto kWait = seconds(20);
+
+// The spec whose access section holds the keys the dev gateway signs tickets with.
+v1::ServerFrame AccessSpec(const DevPki& pki, const DevGateway& gateway, const std::string& node) {
+  v1::NodeSpec spec;
+  spec.set_node_id(node);
+  spec.set_generation(1);
+  *spec.mutable_access() = gateway.TunnelAccess();
+  v1::ServerFrame frame;
+  *frame.mutable_desired_state() = pki.SignSpec(spec);
+  return frame;
+}
 constexpr auto kRefusalWait = milliseconds(300);
 
 int64_t Now() { return static_cast<int64_t>(std::time(nullptr)); }
@@ -85,13 +96,7 @@ class Tunnels : public ::testing::Test {
     runner_ = std::thread([this] { (void)daemon_->Run(); });
     EXPECT_TRUE(gateway_->WaitForWelcomes(1, kWait));
     // The access section: the keys tickets are checked against.
-    v1::NodeSpec node_spec;
-    node_spec.set_node_id("n-1");
-    node_spec.set_generation(1);
-    *node_spec.mutable_access() = gateway_->TunnelAccess();
-    v1::ServerFrame frame;
-    *frame.mutable_desired_state() = pki_.SignSpec(node_spec);
-    EXPECT_TRUE(gateway_->Push("n-1", frame));
+    EXPECT_TRUE(gateway_->Push("n-1", AccessSpec(pki_, *gateway_, "n-1")));
     EXPECT_TRUE(Applied());
   }
   ~Tunnels() override {
@@ -228,13 +233,7 @@ TEST(TunnelUser, ShellAndExecRunAsTheConfiguredUser) {
                                " /etc/passwd && exec " BCD_BINARY " node --config " + config_path});
   ASSERT_GT(node, 0);
   ASSERT_TRUE(gateway->WaitForWelcomes(1, kWait));
-  v1::NodeSpec node_spec;
-  node_spec.set_node_id("n-9");
-  node_spec.set_generation(1);
-  *node_spec.mutable_access() = gateway->TunnelAccess();
-  v1::ServerFrame frame;
-  *frame.mutable_desired_state() = pki.SignSpec(node_spec);
-  ASSERT_TRUE(gateway->Push("n-9", frame));
+  ASSERT_TRUE(gateway->Push("n-9", AccessSpec(pki, *gateway, "n-9")));
   ASSERT_TRUE(gateway->WaitForReceived("n-9", 2, kWait));
 
   DevTunnel exec = gateway->OpenTunnel("n-9", {.op = "exec", .cmd = {"sh", "-c", "id -u; id -g"}});
