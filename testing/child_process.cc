@@ -50,10 +50,22 @@ pid_t SpawnChild(const std::vector<std::string>& argv) {
   return rc == 0 ? pid : -1;
 }
 
-int WaitChild(pid_t pid) {
+int WaitChild(pid_t pid, std::chrono::seconds limit) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) return -1;
+  for (;;) {
+    pid_t done = waitpid(pid, &status, WNOHANG);
+    if (done == pid) break;
+    if (done < 0 && errno != EINTR) return -1;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      std::fprintf(stderr, "child %d still running after %lld s: killed\n", static_cast<int>(pid),
+                   static_cast<long long>(limit.count()));
+      kill(pid, SIGKILL);
+      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      return kStillRunning;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }

@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -22,8 +23,11 @@ Ran RunShell(const std::string& command);
 
 // Starts argv (argv[0] looked up on PATH); -1 when it cannot start.
 pid_t SpawnChild(const std::vector<std::string>& argv);
-// Waits for the child: its exit status, or 128 + the signal that ended it.
-int WaitChild(pid_t pid);
+// Waits for the child: its exit status, or 128 + the signal that ended it. A child still running
+// after `limit` is killed (SIGKILL), said so on stderr, and answered kStillRunning: a test that
+// waits for a child can fail, never hang.
+constexpr int kStillRunning = -2;
+int WaitChild(pid_t pid, std::chrono::seconds limit = std::chrono::seconds(180));
 // A free loopback port (bound, read, released) for a server a child or a restart will listen on.
 int FreeLoopbackPort();
 // A listening TCP socket on 127.0.0.1 with a port of the kernel's choice (written to `port`).

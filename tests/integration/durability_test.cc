@@ -106,13 +106,20 @@ class Durability : public ::testing::Test {
     EXPECT_TRUE(JoinFleet(config, spec).ok());
   }
 
-  // The process strace started (bcd): signals go to it, and strace ends with it.
+  // The process strace started (bcd): signals go to it, and strace ends with it. strace forks
+  // short-lived children of its own first (probes of what ptrace can do), so the child is the one
+  // that runs the bcd binary, not merely the first one listed.
   static pid_t Traced(pid_t strace) {
-    for (int i = 0; i < 500; ++i) {
-      std::ifstream children("/proc/" + std::to_string(strace) + "/task/" + std::to_string(strace) +
-                             "/children");
-      pid_t child = 0;
-      if (children >> child && child > 0) return child;
+    std::filesystem::path bcd = std::filesystem::canonical(BCD_BINARY);
+    std::string children =
+        "/proc/" + std::to_string(strace) + "/task/" + std::to_string(strace) + "/children";
+    for (int i = 0; i < 1000; ++i) {
+      std::ifstream in(children);
+      for (pid_t child = 0; in >> child;) {
+        std::error_code error;
+        auto exe = std::filesystem::read_symlink("/proc/" + std::to_string(child) + "/exe", error);
+        if (!error && exe == bcd) return child;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     return -1;
@@ -166,6 +173,7 @@ TEST_F(Durability, EveryUpdateIsSyncedBeforeItLeavesAndEveryReplacedFileIsSynced
       {"-e", "trace=write,fdatasync,fsync,rename", "-e", "inject=fdatasync:delay_exit=200000"});
   ASSERT_GT(node, 0);
   Reaped reaped{node, Traced(node)};
+  ASSERT_GT(reaped.traced, 0) << "bcd never started under strace";
   ASSERT_TRUE(gateway_->WaitForWelcomes(1, kWait));
   // Updates and events through the outbox; a spec and a trust bundle replace files.
   for (int i = 0; i < 3; ++i) Push(Command("c-" + std::to_string(i), "inventory.refresh"));
@@ -247,12 +255,14 @@ TEST_F(Durability, ACommandKilledBeforeItRanIsReportedInterruptedAndNeverRuns) {
       {"-e", "trace=fdatasync", "-P", outbox, "-e", "inject=fdatasync:delay_enter=5000000"});
   ASSERT_GT(node, 0);
   Reaped traced{node, Traced(node)};
+  ASSERT_GT(traced.traced, 0) << "bcd never started under strace";
   ASSERT_TRUE(gateway_->WaitForWelcomes(1, kWait));
   v1::ServerFrame reboot = Command("c-reboot", "node.reboot");
   Push(reboot);
   std::filesystem::path results = state_ / "results.log";
   bool marked = false;
-  for (int i = 0; i < 300 && !marked; ++i) {
+  for (auto end = std::chrono::steady_clock::now() + kWait;
+       !marked && std::chrono::steady_clock::now() < end;) {
     std::ifstream in(results, std::ios::binary);
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     marked = bytes.find("Rc-reboot") != std::string::npos;
