@@ -22,6 +22,15 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+# A run killed outright (SIGKILL, a reboot) cannot put its line back: refuse to start while a file
+# that mutants change differs from git, rather than test a mutant on top of another.
+changed=$(awk -F'\t' '$1 !~ /^(#|$)/ { print $3 }' "$root/tests/mutation/mutants.tsv" | sort -u |
+  (cd "$root" && xargs git diff --name-only --))
+if [ -n "$changed" ]; then
+  echo "$0: these files differ from git (a mutant left by an interrupted run?): $changed" >&2
+  echo "commit or restore them first (git checkout -- FILE)" >&2
+  exit 2
+fi
 tmp=$(mktemp -d)
 current=""
 restore() {
@@ -65,5 +74,11 @@ done <"$root/tests/mutation/mutants.tsv"
 
 # The build tree gets the real sources back.
 cmake --build "$build" >"$tmp/build.log" 2>&1 || { cat "$tmp/build.log"; exit 1; }
+for id in "${only[@]}"; do
+  if ! cut -f1 "$root/tests/mutation/mutants.tsv" | grep -qx -- "$id"; then
+    echo "$id: no such mutant in tests/mutation/mutants.tsv"
+    untried=$((untried + 1))
+  fi
+done
 echo "mutants: $killed killed, $survived survived, $untried untried"
 [ "$survived" = 0 ] && [ "$untried" = 0 ]
