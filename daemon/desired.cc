@@ -151,9 +151,9 @@ std::vector<v1::SectionStatus> DesiredState::sections() const {
   return sections_;
 }
 
-std::vector<v1::VpsInstance> DesiredState::vps_instances() const {
+v1::NodeSpec DesiredState::applied() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return {spec_.vps().instances().begin(), spec_.vps().instances().end()};
+  return spec_;
 }
 
 v1::AccessSection DesiredState::access() const {

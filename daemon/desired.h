@@ -57,8 +57,8 @@ class DesiredState {
   std::string tunnel_jwks() const;
   // The access section of the applied spec (empty when none).
   bettercompute::agent::v1::AccessSection access() const;
-  // The instances the vps section lists (the metadata service answers them).
-  std::vector<bettercompute::agent::v1::VpsInstance> vps_instances() const;
+  // The applied spec, all of it (a mode reads its own sections here).
+  bettercompute::agent::v1::NodeSpec applied() const;
 
  private:
   DesiredState(std::filesystem::path path, std::string node_id, Logger* log)

@@ -58,8 +58,35 @@ Dispatcher::~Dispatcher() {
   watchdog_.join();
 }
 
-void Dispatcher::Register(const std::string& kind, std::unique_ptr<CommandHandler> handler) {
-  handlers_[kind] = std::move(handler);
+absl::Status Dispatcher::Register(const std::string& kind,
+                                  std::unique_ptr<CommandHandler> handler) {
+  const proto::KindSpec* spec = proto::FindKind(kind);
+  if (spec == nullptr) {
+    return absl::InvalidArgumentError(fmt::format("kind \"{}\" is not in the kind table", kind));
+  }
+  if (!spec->RunsIn(mode_)) {
+    return absl::InvalidArgumentError(fmt::format(
+        "kind \"{}\" does not run in {} mode (the kind table)", kind, proto::ModeName(mode_)));
+  }
+  for (auto [declared, table] : {std::pair{handler->payload_type(), spec->payload_type},
+                                 std::pair{handler->result_type(), spec->result_type}}) {
+    if (!declared.empty() && declared != table) {
+      return absl::InvalidArgumentError(fmt::format(
+          "the handler of \"{}\" works with {}, the kind table says {}", kind, declared, table));
+    }
+  }
+  if (!handlers_.emplace(kind, std::move(handler)).second) {
+    return absl::AlreadyExistsError(fmt::format("kind \"{}\" has a handler already", kind));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> Dispatcher::Unhandled() const {
+  std::vector<std::string> kinds;
+  for (const proto::KindSpec* kind : proto::KindsForMode(mode_)) {
+    if (!handlers_.contains(std::string(kind->name))) kinds.emplace_back(kind->name);
+  }
+  return kinds;
 }
 
 v1::CommandUpdate Dispatcher::Update(const std::string& id, v1::CommandState state) const {
@@ -248,10 +275,15 @@ void Dispatcher::Submit(const v1::SignedCommand& signed_command, const pki::Trus
     }
   }
   auto handler = handlers_.find(command.kind());
-  if (kind == nullptr || !kind->RunsIn(mode_) || handler == handlers_.end()) {
+  if (kind == nullptr || !kind->RunsIn(mode_)) {
     return refuse(v1::COMMAND_CODE_UNSUPPORTED,
                   fmt::format("kind \"{}\" is not supported by this {} daemon", command.kind(),
                               proto::ModeName(mode_)));
+  }
+  if (handler == handlers_.end()) {
+    return refuse(v1::COMMAND_CODE_UNSUPPORTED,
+                  fmt::format("kind \"{}\" is a {} mode kind this build does not run yet",
+                              command.kind(), proto::ModeName(mode_)));
   }
   if (upgrade_required && !kind->Has(proto::kUpgradeOk)) {
     return refuse(v1::COMMAND_CODE_UNSUPPORTED,

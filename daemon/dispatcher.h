@@ -51,6 +51,44 @@ class CommandHandler {
   virtual absl::StatusOr<std::string> Run(const bettercompute::agent::v1::Command& command,
                                           const google::protobuf::Message& payload,
                                           const std::atomic<bool>& stop) = 0;
+  // The full protobuf names of the payload and result messages it works with; empty for a handler
+  // that takes any kind (tests). Register refuses a handler whose types are not its kind's.
+  virtual std::string_view payload_type() const { return {}; }
+  virtual std::string_view result_type() const { return {}; }
+};
+
+// A handler with its kind's payload and result types. The dispatcher decodes the payload into the
+// type the kind table names, and Register checks that it is `Payload`: the one conversion below is
+// safe by construction, and no handler casts.
+template <typename Payload, typename Result>
+class TypedHandler : public CommandHandler {
+ public:
+  // Checks the payload before the command is accepted (see CommandHandler::Validate).
+  virtual absl::Status Check(const bettercompute::agent::v1::Command& command,
+                             const Payload& payload) const {
+    (void)command;
+    (void)payload;
+    return absl::OkStatus();
+  }
+  // Runs the command (see CommandHandler::Run).
+  virtual absl::StatusOr<Result> Execute(const bettercompute::agent::v1::Command& command,
+                                         const Payload& payload, const std::atomic<bool>& stop) = 0;
+
+  std::string_view payload_type() const final { return Payload::descriptor()->full_name(); }
+  std::string_view result_type() const final { return Result::descriptor()->full_name(); }
+
+ private:
+  absl::Status Validate(const bettercompute::agent::v1::Command& command,
+                        const google::protobuf::Message& payload) const final {
+    return Check(command, static_cast<const Payload&>(payload));
+  }
+  absl::StatusOr<std::string> Run(const bettercompute::agent::v1::Command& command,
+                                  const google::protobuf::Message& payload,
+                                  const std::atomic<bool>& stop) final {
+    absl::StatusOr<Result> result = Execute(command, static_cast<const Payload&>(payload), stop);
+    if (!result.ok()) return result.status();
+    return result->SerializeAsString();
+  }
 };
 
 struct DispatcherHooks {
@@ -78,7 +116,13 @@ class Dispatcher {
              Logger* log);
   ~Dispatcher();
 
-  void Register(const std::string& kind, std::unique_ptr<CommandHandler> handler);
+  // Adds the handler of `kind`. InvalidArgument when the kind table has no such kind, gives it to
+  // another mode, or names other payload or result types than a typed handler's; AlreadyExists
+  // when the kind has a handler: a mode that registers wrongly does not start.
+  absl::Status Register(const std::string& kind, std::unique_ptr<CommandHandler> handler);
+  // The kinds the table gives this mode that have no handler in this build (refused UNSUPPORTED,
+  // saying so); the agent reports them at start.
+  std::vector<std::string> Unhandled() const;
   // Reports every command a previous run left running as FAILED (interrupted), unless its kind is
   // idempotent; those run again when redelivered.
   void ReportInterrupted();

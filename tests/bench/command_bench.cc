@@ -16,6 +16,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -27,8 +28,8 @@
 #include <vector>
 
 #include "daemon/dispatcher.h"
-#include "daemon/inventory.h"
 #include "daemon/outbox.h"
+#include "modes/common/inventory.h"
 #include "pki/envelope.h"
 #include "proto/signing_input.h"
 #include "testing/child_process.h"
@@ -98,7 +99,11 @@ std::pair<double, double> DispatchInProcess(const DevPki& pki, const std::string
                                },
                            .now = [] { return static_cast<int64_t>(std::time(nullptr)); }},
       &log);
-  dispatcher.Register("inventory.refresh", std::make_unique<NoOp>());
+  if (absl::Status s = dispatcher.Register("inventory.refresh", std::make_unique<NoOp>());
+      !s.ok()) {
+    std::fprintf(stderr, "command_bench: %s\n", std::string(s.message()).c_str());
+    std::exit(1);
+  }
   std::vector<double> dispatch, verify;
   for (int i = 0; i < count; ++i) {
     v1::Command command;

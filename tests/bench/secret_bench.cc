@@ -13,9 +13,10 @@
 #include <thread>
 #include <vector>
 
+#include "daemon/agent.h"
 #include "daemon/join.h"
-#include "daemon/node.h"
 #include "daemon/secrets.h"
+#include "modes/node/node_mode.h"
 #include "testing/dev_gateway.h"
 
 namespace {
@@ -48,8 +49,8 @@ int main(int argc, char** argv) {
   }
   std::ostringstream sink;
   bcd::Logger log(&sink, bcd::LogLevel::kError);
-  auto daemon = *bcd::NodeDaemon::Create(
-      config, bcd::proto::Mode::kNode, {.now = now, .uniform01 = [] { return 0.5; }, .log = &log});
+  auto daemon = *bcd::Agent::Create(config, std::make_unique<bcd::NodeMode>(),
+                                    {.now = now, .uniform01 = [] { return 0.5; }, .log = &log});
   std::thread runner([&] { (void)daemon->Run(); });
   gateway->WaitForReceived("n-1", 1, std::chrono::seconds(30));
   gateway->AddSecret("secret://bench", std::string(64, 'x'), {"wf", "step", ""});

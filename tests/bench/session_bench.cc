@@ -5,7 +5,7 @@
 //
 //   build/tests/bench/session_bench [runs=9] [idle_seconds=60] [other_bcd]
 //
-// With other_bcd (the static build, say: build-static/daemon/bcd), its process start to Welcome
+// With other_bcd (the static build, say: build-static/app/bcd), its process start to Welcome
 // over gRPC is measured too, interleaved with this build's, and its idle RSS beside it.
 
 #include <signal.h>

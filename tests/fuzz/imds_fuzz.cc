@@ -5,7 +5,7 @@
 #include <sstream>
 #include <string_view>
 
-#include "daemon/imds.h"
+#include "modes/node/imds.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static std::ostringstream sink;

@@ -12,12 +12,13 @@
 #include <sstream>
 #include <thread>
 
+#include "daemon/agent.h"
 #include "daemon/desired.h"
-#include "daemon/http_upload.h"
 #include "daemon/join.h"
-#include "daemon/node.h"
 #include "fmt/format.h"
 #include "gtest/gtest.h"
+#include "modes/common/http_upload.h"
+#include "modes/node/node_mode.h"
 #include "pki/envelope.h"
 #include "pki/jwt.h"
 #include "proto/absl_compat.h"
@@ -67,15 +68,16 @@ class Commands : public ::testing::Test {
   }
 
   void Start() {
-    daemon_ = *NodeDaemon::Create(*config_, proto::Mode::kNode,
-                                  {.inventory = {root_.path(), "x86_64", nullptr, 0},
-                                   .now = [] { return static_cast<int64_t>(std::time(nullptr)); },
-                                   .uniform01 = [] { return 0.01; },
-                                   .log = &log_,
-                                   .outbox_max_entries = outbox_max_entries_,
-                                   .reboot_result_wait = reboot_result_wait_,
-                                   .journalctl = (dir_.path() / "journalctl").string(),
-                                   .dmesg = (dir_.path() / "dmesg").string()});
+    daemon_ = *Agent::Create(*config_,
+                             std::make_unique<NodeMode>(NodeModeOptions{
+                                 .sources = {.inventory = {root_.path(), "x86_64", nullptr, 0},
+                                             .journalctl = (dir_.path() / "journalctl").string(),
+                                             .dmesg = (dir_.path() / "dmesg").string()},
+                                 .reboot_result_wait = reboot_result_wait_}),
+                             {.now = [] { return static_cast<int64_t>(std::time(nullptr)); },
+                              .uniform01 = [] { return 0.01; },
+                              .log = &log_,
+                              .outbox_max_entries = outbox_max_entries_});
     runner_ = std::thread([this] { (void)daemon_->Run(); });
     int welcomes = gateway_->SessionNodes().size();
     EXPECT_TRUE(gateway_->WaitForWelcomes(welcomes + 1, kWait));
@@ -137,7 +139,7 @@ class Commands : public ::testing::Test {
   std::unique_ptr<Config> config_;
   std::size_t outbox_max_entries_ = 100000;
   std::chrono::milliseconds reboot_result_wait_ = seconds(30);
-  std::unique_ptr<NodeDaemon> daemon_;
+  std::unique_ptr<Agent> daemon_;
   std::thread runner_;
 };
 
@@ -195,6 +197,9 @@ TEST_F(Commands, EachRefusalHasItsCode) {
   Send(pki_.SignCommand(Make("c-ramdisk", "diag.dcgm")));
   ExpectRejected("c-ramdisk", v1::COMMAND_CODE_UNSUPPORTED,
                  "kind \"diag.dcgm\" is not supported by this node daemon");
+  Send(pki_.SignCommand(Make("c-driver", "driver.invoke")));
+  ExpectRejected("c-driver", v1::COMMAND_CODE_UNSUPPORTED,
+                 "kind \"driver.invoke\" is a node mode kind this build does not run yet");
 
   Send(pki_.SignCommand(Make("c-unsigned", "logs.collect"), /*sign=*/false));
   ExpectRejected("c-unsigned", v1::COMMAND_CODE_UNSIGNED, "logs.collect commands must be signed");

@@ -1,7 +1,7 @@
 // The instance metadata service on loopback: two instances at 127.0.0.2 and 127.0.0.3 (loopback
 // aliases: a client socket bound to each), real HTTP over real sockets.
 
-#include "daemon/imds.h"
+#include "modes/node/imds.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -10,7 +10,7 @@
 #include <sstream>
 #include <thread>
 
-#include "daemon/cli.h"
+#include "app/cli.h"
 #include "daemon/identity.h"
 #include "gtest/gtest.h"
 #include "pki/keys.h"

@@ -1,7 +1,7 @@
 // bcd under systemd's service protocol: the real binary with $NOTIFY_SOCKET pointing at a datagram
 // socket the test reads, as systemd's would be.
 
-#include "daemon/notify.h"
+#include "app/notify.h"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -7,10 +7,11 @@
 #include <sstream>
 #include <thread>
 
+#include "daemon/agent.h"
 #include "daemon/desired.h"
 #include "daemon/join.h"
-#include "daemon/node.h"
 #include "gtest/gtest.h"
+#include "modes/node/node_mode.h"
 #include "proto/absl_compat.h"
 #include "testing/child_process.h"
 #include "testing/dev_gateway.h"
@@ -41,10 +42,12 @@ class Secrets : public ::testing::Test {
                   .now = [] { return static_cast<int64_t>(std::time(nullptr)); },
                   .sleep = [](seconds) {}};
     EXPECT_TRUE(JoinFleet(config, spec).ok());
-    daemon_ = *NodeDaemon::Create(config, proto::Mode::kNode,
-                                  {.now = [] { return static_cast<int64_t>(std::time(nullptr)); },
-                                   .uniform01 = [] { return 0.01; },
-                                   .log = &log_});
+    auto mode = std::make_unique<NodeMode>();
+    node_mode_ = mode.get();
+    daemon_ = *Agent::Create(config, std::move(mode),
+                             {.now = [] { return static_cast<int64_t>(std::time(nullptr)); },
+                              .uniform01 = [] { return 0.01; },
+                              .log = &log_});
     runner_ = std::thread([this] { (void)daemon_->Run(); });
     EXPECT_TRUE(gateway_->WaitForReceived("n-1", 1, kWait));
     gateway_->AddSecret("secret://db/password", "S3CR3T-db", {"wf-1", "step-1", ""});
@@ -66,7 +69,8 @@ class Secrets : public ::testing::Test {
   std::unique_ptr<DevGateway> gateway_;
   std::ostringstream log_text_;
   Logger log_{&log_text_, LogLevel::kDebug};
-  std::unique_ptr<NodeDaemon> daemon_;
+  std::unique_ptr<Agent> daemon_;
+  NodeMode* node_mode_ = nullptr;  // the daemon's
   std::thread runner_;
 };
 
@@ -222,7 +226,7 @@ TEST_F(Secrets, TheMetadataServiceAnswersTheInstancesOfTheSpec) {
   while (daemon_->desired().applied_generation() != 1 &&
          std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  uint16_t port = daemon_->imds_port();
+  uint16_t port = node_mode_->imds_port();
   ASSERT_NE(port, 0);
   auto [status, token] =
       AskImds("127.0.0.2", port,

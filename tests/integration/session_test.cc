@@ -8,12 +8,15 @@
 #include <sstream>
 #include <thread>
 
-#include "daemon/cli.h"
+#include "app/cli.h"
+#include "daemon/agent.h"
 #include "daemon/identity.h"
 #include "daemon/join.h"
-#include "daemon/node.h"
 #include "fmt/format.h"
 #include "gtest/gtest.h"
+#include "modes/node/node_mode.h"
+#include "modes/ramdisk/ramdisk_mode.h"
+#include "modes/site/site_mode.h"
 #include "pki/envelope.h"
 #include "pki/keys.h"
 #include "proto/absl_compat.h"
@@ -62,12 +65,17 @@ class Session : public ::testing::Test {
     return config;
   }
 
-  void StartDaemon(const Config& config) {
-    daemon_ = *NodeDaemon::Create(config, proto::Mode::kNode,
-                                  {.now = [] { return static_cast<int64_t>(std::time(nullptr)); },
-                                   .uniform01 = [] { return 0.01; },
-                                   .log = &log_,
-                                   .welcome_timeout = welcome_timeout_});
+  void StartDaemon(const Config& config, std::unique_ptr<Mode> mode = nullptr) {
+    if (!mode) {
+      auto node = std::make_unique<NodeMode>();
+      node_mode_ = node.get();
+      mode = std::move(node);
+    }
+    daemon_ = *Agent::Create(config, std::move(mode),
+                             {.now = [] { return static_cast<int64_t>(std::time(nullptr)); },
+                              .uniform01 = [] { return 0.01; },
+                              .log = &log_,
+                              .welcome_timeout = welcome_timeout_});
     runner_ = std::thread([this] { result_ = daemon_->Run(); });
   }
 
@@ -83,7 +91,8 @@ class Session : public ::testing::Test {
   std::unique_ptr<DevGateway> gateway_;
   std::ostringstream log_text_;
   Logger log_{&log_text_, LogLevel::kInfo};
-  std::unique_ptr<NodeDaemon> daemon_;
+  std::unique_ptr<Agent> daemon_;
+  NodeMode* node_mode_ = nullptr;  // the daemon's, when it runs node mode
   std::thread runner_;
   absl::Status result_;
   milliseconds welcome_timeout_ = seconds(30);
@@ -117,6 +126,42 @@ TEST_F(Session, HelloCarriesEveryFieldAndAStatusReportFollows) {
   EXPECT_GT(status.status().certificate_not_after(), static_cast<uint64_t>(std::time(nullptr)));
   EXPECT_EQ(daemon_->Snapshot().state, "connected");
   EXPECT_EQ(daemon_->Snapshot().session_id, "dev-session-1");
+}
+
+// Each mode's Hello carries its role and the engine's capabilities with the mode's own; the same
+// engine runs all three.
+TEST_F(Session, EachModeSendsItsRoleAndCapabilities) {
+  struct Case {
+    std::function<std::unique_ptr<Mode>()> make;
+    bettercompute::common::v1::Role role;
+    std::vector<std::string> capabilities;
+  };
+  std::vector<std::string> engine = {"tunnel.shell", "tunnel.exec", "tunnel.tcp",
+                                     "secrets.jwe",  "spec.daemon", "spec.access"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> all = engine;
+    all.insert(all.end(), extra.begin(), extra.end());
+    return all;
+  };
+  std::vector<Case> cases = {
+      {[] { return std::make_unique<NodeMode>(); }, bettercompute::common::v1::ROLE_NODE,
+       with({"tunnel.instance-dial", "workload-token"})},
+      {[] { return std::make_unique<SiteMode>(); }, bettercompute::common::v1::ROLE_SITE, engine},
+      {[] { return std::make_unique<RamdiskMode>(); }, bettercompute::common::v1::ROLE_RAMDISK,
+       engine},
+  };
+  Config config = JoinAs("n-1");
+  int welcomes = 0;
+  for (const Case& c : cases) {
+    StartDaemon(config, c.make());
+    ASSERT_TRUE(gateway_->WaitForWelcomes(++welcomes, kWait));
+    v1::Hello hello = *gateway_->LastHello("n-1");
+    EXPECT_EQ(hello.role(), c.role);
+    EXPECT_EQ(std::vector<std::string>(hello.capabilities().begin(), hello.capabilities().end()),
+              c.capabilities)
+        << bettercompute::common::v1::Role_Name(c.role);
+    StopDaemon();
+  }
 }
 
 TEST_F(Session, StopClosesTheStreamCleanly) {
@@ -268,15 +313,16 @@ TEST_F(Session, TheNodeIdComesFromTheCertificate) {
 
 TEST_F(Session, RefusesToStartWithoutAnIdentity) {
   Config config = *Config::Parse(ConfigText("empty"), "test.toml");
-  absl::StatusOr<std::unique_ptr<NodeDaemon>> daemon = NodeDaemon::Create(
-      config, proto::Mode::kNode, {.now = [] { return int64_t{0}; }, .log = &log_});
+  absl::StatusOr<std::unique_ptr<Agent>> daemon = Agent::Create(
+      config, std::make_unique<NodeMode>(), {.now = [] { return int64_t{0}; }, .log = &log_});
   EXPECT_EQ(daemon.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(Session, AnExpiredCertificateSaysHowToRejoin) {
   Config config = JoinAs("n-1");
-  absl::StatusOr<std::unique_ptr<NodeDaemon>> daemon = NodeDaemon::Create(
-      config, proto::Mode::kNode, {.now = [] { return int64_t{4000000000}; }, .log = &log_});
+  absl::StatusOr<std::unique_ptr<Agent>> daemon =
+      Agent::Create(config, std::make_unique<NodeMode>(),
+                    {.now = [] { return int64_t{4000000000}; }, .log = &log_});
   EXPECT_EQ(daemon.status().code(), absl::StatusCode::kUnauthenticated);
   EXPECT_NE(std::string(daemon.status().message()).find("Re-join"), std::string::npos);
 }
@@ -385,12 +431,12 @@ TEST_F(Session, ASecondDaemonOnTheSameStateDirIsRefusedBeforeItOpensAnything) {
   Config config = *Config::Load(dir_.path() / "config.toml");
   StartDaemon(config);
   ASSERT_TRUE(gateway_->WaitForReceived("n-1", 1, kWait));
-  ASSERT_EQ(daemon_->imds_port(), port);
+  ASSERT_EQ(node_mode_->imds_port(), port);
   std::ostringstream second_log;
   Logger log(&second_log, LogLevel::kDebug);
-  absl::StatusOr<std::unique_ptr<NodeDaemon>> second = NodeDaemon::Create(
-      config, proto::Mode::kNode,
-      {.now = [] { return static_cast<int64_t>(std::time(nullptr)); }, .log = &log});
+  absl::StatusOr<std::unique_ptr<Agent>> second =
+      Agent::Create(config, std::make_unique<NodeMode>(),
+                    {.now = [] { return static_cast<int64_t>(std::time(nullptr)); }, .log = &log});
   EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(std::string(ToStd(second.status().message())),
             "another bcd is already running on " + (dir_.path() / "state").string());
@@ -434,12 +480,12 @@ TEST_F(Session, KeepaliveNoticesAStalledNetworkAndTheDaemonRedials) {
   std::string from = "127.0.0.1:" + std::to_string(gateway_->port());
   text.replace(text.find(from), from.size(), "127.0.0.1:" + std::to_string(proxy->port()));
   Config config = *Config::Parse(text, "proxy.toml");
-  daemon_ = *NodeDaemon::Create(config, proto::Mode::kNode,
-                                {.now = [] { return static_cast<int64_t>(std::time(nullptr)); },
-                                 .uniform01 = [] { return 0.01; },
-                                 .log = &log_,
-                                 .keepalive_time = milliseconds(300),
-                                 .keepalive_timeout = milliseconds(300)});
+  daemon_ = *Agent::Create(config, std::make_unique<NodeMode>(),
+                           {.now = [] { return static_cast<int64_t>(std::time(nullptr)); },
+                            .uniform01 = [] { return 0.01; },
+                            .log = &log_,
+                            .keepalive_time = milliseconds(300),
+                            .keepalive_timeout = milliseconds(300)});
   runner_ = std::thread([this] { result_ = daemon_->Run(); });
   ASSERT_TRUE(daemon_->WaitUntil([](const SessionSnapshot& s) { return s.welcomes == 1; }, kWait));
   proxy->Stall();  // packets vanish; no RST, no FIN

@@ -14,10 +14,11 @@
 #include <sstream>
 #include <thread>
 
+#include "daemon/agent.h"
 #include "daemon/desired.h"
 #include "daemon/join.h"
-#include "daemon/node.h"
 #include "gtest/gtest.h"
+#include "modes/node/node_mode.h"
 #include "testing/child_process.h"
 #include "testing/dev_gateway.h"
 #include "tests/unit/fake_root.h"
@@ -91,8 +92,8 @@ class Tunnels : public ::testing::Test {
     Config config = *Config::Parse(gateway_->ConfigToml(dir_.path() / "state"), "test.toml");
     JoinSpec spec{.evidence = gateway_->AddJoinToken("n-1"), .now = Now, .sleep = [](seconds) {}};
     EXPECT_TRUE(JoinFleet(config, spec).ok());
-    daemon_ = *NodeDaemon::Create(config, proto::Mode::kNode,
-                                  {.now = Now, .uniform01 = [] { return 0.01; }, .log = &log_});
+    daemon_ = *Agent::Create(config, std::make_unique<NodeMode>(),
+                             {.now = Now, .uniform01 = [] { return 0.01; }, .log = &log_});
     runner_ = std::thread([this] { (void)daemon_->Run(); });
     EXPECT_TRUE(gateway_->WaitForWelcomes(1, kWait));
     // The access section: the keys tickets are checked against.
@@ -152,7 +153,7 @@ class Tunnels : public ::testing::Test {
   std::unique_ptr<DevGateway> gateway_;
   std::ostringstream log_text_;
   Logger log_{&log_text_, LogLevel::kInfo};
-  std::unique_ptr<NodeDaemon> daemon_;
+  std::unique_ptr<Agent> daemon_;
   std::thread runner_;
 };
 
@@ -160,8 +161,8 @@ TEST_F(Tunnels, HelloAdvertisesWhatThisBuildDoes) {
   v1::Hello hello = *gateway_->LastHello("n-1");
   std::vector<std::string> caps(hello.capabilities().begin(), hello.capabilities().end());
   EXPECT_EQ(caps, (std::vector<std::string>{"tunnel.shell", "tunnel.exec", "tunnel.tcp",
-                                            "tunnel.instance-dial", "secrets.jwe", "workload-token",
-                                            "spec.daemon", "spec.access"}));
+                                            "secrets.jwe", "spec.daemon", "spec.access",
+                                            "tunnel.instance-dial", "workload-token"}));
 }
 
 TEST_F(Tunnels, ExecSeparatesStdoutFromStderrAndReportsTheExitCode) {

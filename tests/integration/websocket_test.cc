@@ -13,12 +13,13 @@
 #include <sstream>
 #include <thread>
 
+#include "daemon/agent.h"
 #include "daemon/gateway.h"
 #include "daemon/identity.h"
 #include "daemon/join.h"
-#include "daemon/node.h"
 #include "daemon/renew.h"
 #include "gtest/gtest.h"
+#include "modes/node/node_mode.h"
 #include "pki/x509.h"
 #include "testing/child_process.h"
 #include "testing/dev_gateway.h"
@@ -78,23 +79,24 @@ class WebSocket : public ::testing::Test {
     return config;
   }
 
-  absl::StatusOr<std::unique_ptr<NodeDaemon>> Create(const Config& config) {
-    return NodeDaemon::Create(config, proto::Mode::kNode,
-                              {.inventory = {root_.path(), "x86_64", nullptr, 0},
-                               .now = Now,
-                               .uniform01 = [] { return 0.01; },
-                               .log = &log_,
-                               .keepalive_time = keepalive_,
-                               .keepalive_timeout = keepalive_,
-                               .proxy_env = [this](const char* name) -> std::optional<std::string> {
-                                 auto it = env_.find(name);
-                                 if (it == env_.end()) return std::nullopt;
-                                 return it->second;
-                               }});
+  absl::StatusOr<std::unique_ptr<Agent>> Create(const Config& config) {
+    return Agent::Create(config,
+                         std::make_unique<NodeMode>(NodeModeOptions{
+                             .sources = {.inventory = {root_.path(), "x86_64", nullptr, 0}}}),
+                         {.now = Now,
+                          .uniform01 = [] { return 0.01; },
+                          .log = &log_,
+                          .keepalive_time = keepalive_,
+                          .keepalive_timeout = keepalive_,
+                          .proxy_env = [this](const char* name) -> std::optional<std::string> {
+                            auto it = env_.find(name);
+                            if (it == env_.end()) return std::nullopt;
+                            return it->second;
+                          }});
   }
 
   void StartDaemon(const Config& config) {
-    absl::StatusOr<std::unique_ptr<NodeDaemon>> daemon = Create(config);
+    absl::StatusOr<std::unique_ptr<Agent>> daemon = Create(config);
     ASSERT_TRUE(daemon.ok()) << daemon.status();
     daemon_ = *std::move(daemon);
     runner_ = std::thread([this] { result_ = daemon_->Run(); });
@@ -178,7 +180,7 @@ class WebSocket : public ::testing::Test {
   std::unique_ptr<DevGateway> gateway_;
   std::ostringstream log_text_;
   Logger log_{&log_text_, LogLevel::kInfo};
-  std::unique_ptr<NodeDaemon> daemon_;
+  std::unique_ptr<Agent> daemon_;
   std::thread runner_;
   absl::Status result_;
 };
@@ -476,7 +478,7 @@ TEST_F(WebSocket, AGatewayThatStopsAnsweringPingsIsDetectedAndRedialed) {
 
 TEST_F(WebSocket, RefusesToRunWithoutCommandSigningRoots) {
   gateway_ = *DevGateway::Start(pki_, {.command_signing = false});
-  absl::StatusOr<std::unique_ptr<NodeDaemon>> daemon = Create(JoinAs("n-1"));
+  absl::StatusOr<std::unique_ptr<Agent>> daemon = Create(JoinAs("n-1"));
   ASSERT_FALSE(daemon.ok());
   EXPECT_EQ(daemon.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(std::string(daemon.status().message()).find("has no command-signing roots"),

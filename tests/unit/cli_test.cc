@@ -1,4 +1,4 @@
-#include "daemon/cli.h"
+#include "app/cli.h"
 
 #include <sstream>
 
@@ -37,11 +37,12 @@ TEST(Cli, VersionPrintsVersionProtocolRangeAndCapabilities) {
   EXPECT_EQ(r.code, kExitOk);
   EXPECT_EQ(r.out, std::string("bcd ") + BCD_VERSION +
                        "\nprotocol 1..1\n"
-                       "capabilities (node): tunnel.shell, tunnel.exec, tunnel.tcp, "
-                       "tunnel.instance-dial, secrets.jwe, workload-token, spec.daemon, "
-                       "spec.access\n"
+                       "capabilities (node): tunnel.shell, tunnel.exec, tunnel.tcp, secrets.jwe, "
+                       "spec.daemon, spec.access, tunnel.instance-dial, workload-token\n"
                        "capabilities (site): tunnel.shell, tunnel.exec, tunnel.tcp, secrets.jwe, "
-                       "spec.daemon, spec.access\n");
+                       "spec.daemon, spec.access\n"
+                       "capabilities (ramdisk): tunnel.shell, tunnel.exec, tunnel.tcp, "
+                       "secrets.jwe, spec.daemon, spec.access\n");
   EXPECT_EQ(r.err, "");
 }
 
@@ -55,8 +56,8 @@ TEST(Cli, VersionSaysAWebSocketConfigAdvertisesNoTunnels) {
                 "[websocket]\nurl = \"wss://gw.example.net/v1/session\"\n");
   Result r = RunBcd({"version", "--config", (dir.path() / "config.toml").string()});
   EXPECT_EQ(r.code, kExitOk) << r.err;
-  EXPECT_NE(r.out.find("capabilities (node): secrets.jwe, workload-token, spec.daemon, "
-                       "spec.access (no tunnels: they need the gRPC transport)\n"),
+  EXPECT_NE(r.out.find("capabilities (node): secrets.jwe, spec.daemon, spec.access, "
+                       "workload-token (no tunnels: they need the gRPC transport)\n"),
             std::string::npos)
       << r.out;
 }
@@ -106,15 +107,21 @@ TEST(Cli, ConfigWithoutAPathIsAUsageError) {
   EXPECT_EQ(RunBcd({"inventory", "--config="}).code, kExitUsage);
 }
 
-TEST(Cli, CommandsNotInThisBuildSaySoWithExitOne) {
-  for (const char* name : {"ramdisk"}) {
-    Result r = RunBcd({name, "--token", "T"});
-    EXPECT_EQ(r.code, kExitOther) << name;
-    EXPECT_NE(r.err.find(std::string("bcd ") + name + ": not implemented yet in this build"),
-              std::string::npos)
-        << r.err;
-    EXPECT_EQ(r.out, "");
-  }
+TEST(Cli, RamdiskRunsItsModeAndRefusesBadOptionsAndAnUnjoinedMachine) {
+  Result bad = RunBcd({"ramdisk", "--token", "T"});
+  EXPECT_EQ(bad.code, kExitUsage);
+  EXPECT_EQ(bad.err, "bcd ramdisk: unknown option \"--token\"\n");
+  FakeRoot dir;
+  dir.Write("config.toml",
+            "gateway_url = \"https://gw.example.net\"\n"
+            "gateway_ca_spki_sha256 = \"" +
+                std::string(64, 'a') + "\"\nstate_dir = \"" + (dir.path() / "state").string() +
+                "\"\n");
+  Result unjoined = RunBcd({"ramdisk", "--config", (dir.path() / "config.toml").string()});
+  EXPECT_EQ(unjoined.code, kExitOther);
+  EXPECT_NE(unjoined.err.find("bcd ramdisk: this node has not joined"), std::string::npos)
+      << unjoined.err;
+  EXPECT_EQ(unjoined.out, "");
 }
 
 TEST(Cli, InstallScriptPrintsTheInstallerOrNamesTheBadFlag) {

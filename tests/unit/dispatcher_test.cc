@@ -104,10 +104,10 @@ class DispatcherTest : public ::testing::Test {
         &log_);
     auto handler = std::make_unique<BlockingHandler>();
     handler_ = handler.get();
-    dispatcher_->Register("inventory.refresh", std::move(handler));
+    EXPECT_TRUE(dispatcher_->Register("inventory.refresh", std::move(handler)).ok());
     auto reboot = std::make_unique<BlockingHandler>();
     reboot_ = reboot.get();
-    dispatcher_->Register("node.reboot", std::move(reboot));
+    EXPECT_TRUE(dispatcher_->Register("node.reboot", std::move(reboot)).ok());
   }
 
   v1::Command Make(const std::string& id, const std::string& kind, uint32_t timeout = 0) {
@@ -394,7 +394,7 @@ class PickyHandler final : public CommandHandler {
 TEST_F(DispatcherTest, APayloadItsHandlerRefusesIsRejectedBeforeItIsAccepted) {
   auto picky = std::make_unique<PickyHandler>();
   PickyHandler* handler = picky.get();
-  dispatcher_->Register("logs.collect", std::move(picky));
+  ASSERT_TRUE(dispatcher_->Register("logs.collect", std::move(picky)).ok());
   dispatcher_->Submit(Signed("bad", "logs.collect", /*timeout=*/7), *trust_, false);
   std::optional<v1::CommandUpdate> refused = WaitFor("bad", v1::COMMAND_STATE_REJECTED);
   ASSERT_TRUE(refused.has_value());
@@ -452,6 +452,83 @@ TEST_F(DispatcherTest, ADifferentCommandUnderAnAnsweredIdIsDuplicateTheSameBytes
   resigned.mutable_signature()->set_kid("worker-2");
   dispatcher_->Submit(resigned, *trust_, false);
   EXPECT_EQ(UpdatesOf("c-1").back().state(), v1::COMMAND_STATE_SUCCEEDED);
+}
+
+// A typed handler of node.reboot's types, whatever kind it is registered for.
+class RebootTyped final : public TypedHandler<v1::NodeRebootPayload, v1::NodeRebootResult> {
+ public:
+  absl::Status Check(const v1::Command&, const v1::NodeRebootPayload& payload) const override {
+    if (payload.reason() == "bad") return absl::InvalidArgumentError("reason is bad");
+    return absl::OkStatus();
+  }
+  absl::StatusOr<v1::NodeRebootResult> Execute(const v1::Command&,
+                                               const v1::NodeRebootPayload& payload,
+                                               const std::atomic<bool>&) override {
+    v1::NodeRebootResult result;
+    result.set_scheduled_at(payload.delay_seconds() + 1000);
+    return result;
+  }
+};
+
+TEST_F(DispatcherTest, RegisterRefusesWhatTheKindTableDoesNotGiveThisMode) {
+  absl::Status unknown = dispatcher_->Register("no.such", std::make_unique<BlockingHandler>());
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(unknown.message(), "kind \"no.such\" is not in the kind table");
+  absl::Status site = dispatcher_->Register("bmc.powerOn", std::make_unique<BlockingHandler>());
+  EXPECT_EQ(site.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(site.message(), "kind \"bmc.powerOn\" does not run in node mode (the kind table)");
+  absl::Status types = dispatcher_->Register("logs.collect", std::make_unique<RebootTyped>());
+  EXPECT_EQ(types.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(types.message(),
+            "the handler of \"logs.collect\" works with bettercompute.agent.v1.NodeRebootPayload, "
+            "the kind table says bettercompute.agent.v1.LogsCollectPayload");
+  absl::Status twice =
+      dispatcher_->Register("inventory.refresh", std::make_unique<BlockingHandler>());
+  EXPECT_EQ(twice.code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST_F(DispatcherTest, AKindOfThisModeWithoutAHandlerIsListedAndRefusedSayingSo) {
+  EXPECT_EQ(dispatcher_->Unhandled(),
+            (std::vector<std::string>{"logs.collect", "daemon.upgrade", "driver.invoke"}));
+  dispatcher_->Submit(Signed("c-driver", "driver.invoke"), *trust_, false);
+  std::optional<v1::CommandUpdate> refused = WaitFor("c-driver", v1::COMMAND_STATE_REJECTED);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->code(), v1::COMMAND_CODE_UNSUPPORTED);
+  EXPECT_EQ(refused->message(),
+            "kind \"driver.invoke\" is a node mode kind this build does not run yet");
+}
+
+TEST_F(DispatcherTest, ATypedHandlerGetsItsPayloadTypeAndItsResultIsEncoded) {
+  // Rebuilt without the blocking node.reboot handler, so the typed one can take the kind.
+  dispatcher_ = std::make_unique<Dispatcher>(
+      proto::Mode::kNode, "n-1", results_.get(),
+      DispatcherHooks{.update =
+                          [this](const v1::CommandUpdate& u) {
+                            std::lock_guard<std::mutex> lock(mu_);
+                            updates_.push_back(u);
+                            cv_.notify_all();
+                          },
+                      .now = [] { return static_cast<int64_t>(std::time(nullptr)); }},
+      &log_);
+  ASSERT_TRUE(dispatcher_->Register("node.reboot", std::make_unique<RebootTyped>()).ok());
+  v1::NodeRebootPayload payload;
+  payload.set_delay_seconds(7);
+  v1::Command good = Make("c-good", "node.reboot");
+  good.set_payload(payload.SerializeAsString());
+  dispatcher_->Submit(pki_.SignCommand(good), *trust_, false);
+  std::optional<v1::CommandUpdate> done = WaitFor("c-good", v1::COMMAND_STATE_SUCCEEDED);
+  ASSERT_TRUE(done.has_value());
+  v1::NodeRebootResult result;
+  ASSERT_TRUE(result.ParseFromString(done->result()));
+  EXPECT_EQ(result.scheduled_at(), 1007u);
+  payload.set_reason("bad");
+  v1::Command bad = Make("c-bad", "node.reboot");
+  bad.set_payload(payload.SerializeAsString());
+  dispatcher_->Submit(pki_.SignCommand(bad), *trust_, false);
+  std::optional<v1::CommandUpdate> refused = WaitFor("c-bad", v1::COMMAND_STATE_REJECTED);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->code(), v1::COMMAND_CODE_INVALID_PAYLOAD);
+  EXPECT_EQ(refused->message(), "reason is bad");
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-#include "daemon/http_upload.h"
+#include "modes/common/http_upload.h"
 
 // Boost 1.74 with g++ 12 in C++20 needs <utility> before the Asio headers.
 #include <boost/asio/connect.hpp>

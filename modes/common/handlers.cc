@@ -1,33 +1,29 @@
-#include "daemon/handlers.h"
+#include "modes/common/handlers.h"
 
-#include <ctime>
-
-#include "daemon/archive.h"
 #include "daemon/config.h"
-#include "daemon/http_upload.h"
 #include "daemon/subprocess.h"
 #include "fmt/format.h"
+#include "modes/common/archive.h"
+#include "modes/common/http_upload.h"
 #include "proto/absl_compat.h"
 
 namespace bcd {
 
-absl::StatusOr<std::string> InventoryRefreshHandler::Run(const bettercompute::agent::v1::Command&,
-                                                         const google::protobuf::Message&,
-                                                         const std::atomic<bool>&) {
-  InventorySources sources = sources_;
-  sources.now = static_cast<uint64_t>(std::time(nullptr));
-  bettercompute::common::v1::HardwareClaims claims = CollectInventory(sources);
-  send_(claims);
-  bettercompute::agent::v1::InventoryRefreshResult result;
-  result.set_collected_at(claims.collected_at());
-  return result.SerializeAsString();
-}
-
 namespace v1 = bettercompute::agent::v1;
 
-absl::Status LogsCollectHandler::Validate(const v1::Command&,
-                                          const google::protobuf::Message& message) const {
-  const auto& payload = static_cast<const v1::LogsCollectPayload&>(message);
+absl::StatusOr<v1::InventoryRefreshResult> InventoryRefreshHandler::Execute(
+    const v1::Command&, const v1::InventoryRefreshPayload&, const std::atomic<bool>&) {
+  InventorySources sources = sources_;
+  sources.now = static_cast<uint64_t>(now_());
+  bettercompute::common::v1::HardwareClaims claims = CollectInventory(sources);
+  send_(claims);
+  v1::InventoryRefreshResult result;
+  result.set_collected_at(claims.collected_at());
+  return result;
+}
+
+absl::Status LogsCollectHandler::Check(const v1::Command&,
+                                       const v1::LogsCollectPayload& payload) const {
   if (payload.upload_url().empty()) return absl::InvalidArgumentError("upload_url is empty");
   for (const std::string& unit : payload.journal_units()) {
     if (!IsUnitName(unit) || unit.size() > 80) {
@@ -40,11 +36,8 @@ absl::Status LogsCollectHandler::Validate(const v1::Command&,
   return CheckUploadRequest(upload);
 }
 
-absl::StatusOr<std::string> LogsCollectHandler::Run(const v1::Command& command,
-                                                    const google::protobuf::Message& message,
-                                                    const std::atomic<bool>& stop) {
-  (void)command;
-  const auto& payload = static_cast<const v1::LogsCollectPayload&>(message);
+absl::StatusOr<v1::LogsCollectResult> LogsCollectHandler::Execute(
+    const v1::Command&, const v1::LogsCollectPayload& payload, const std::atomic<bool>& stop) {
   constexpr uint64_t kDefaultBudget = 64u << 20, kMaxBudget = 1u << 30;
   uint64_t budget = payload.max_bytes() == 0 ? kDefaultBudget
                                              : std::min<uint64_t>(payload.max_bytes(), kMaxBudget);
@@ -110,27 +103,7 @@ absl::StatusOr<std::string> LogsCollectHandler::Run(const v1::Command& command,
   if (absl::Status s = upload_(upload); !s.ok()) return s;
   result.set_size_bytes(summary->size_bytes);
   result.set_sha256(summary->sha256);
-  return result.SerializeAsString();
-}
-
-absl::Status NodeRebootHandler::Validate(const v1::Command&,
-                                         const google::protobuf::Message& message) const {
-  const auto& payload = static_cast<const v1::NodeRebootPayload&>(message);
-  if (payload.delay_seconds() > 3600) {
-    return absl::InvalidArgumentError(
-        fmt::format("delay_seconds {} is over an hour", payload.delay_seconds()));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::string> NodeRebootHandler::Run(const v1::Command& command,
-                                                   const google::protobuf::Message& message,
-                                                   const std::atomic<bool>&) {
-  const auto& payload = static_cast<const v1::NodeRebootPayload&>(message);
-  v1::NodeRebootResult result;
-  result.set_scheduled_at(static_cast<uint64_t>(schedule_(
-      std::chrono::seconds(payload.delay_seconds()), payload.reason(), command.command_id())));
-  return result.SerializeAsString();
+  return result;
 }
 
 }  // namespace bcd

@@ -6,7 +6,7 @@
 #include <iostream>
 #include <thread>
 
-#include "daemon/cli.h"
+#include "app/cli.h"
 #include "daemon/subprocess.h"
 #include "transport/tls.h"
 

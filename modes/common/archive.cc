@@ -1,4 +1,4 @@
-#include "daemon/archive.h"
+#include "modes/common/archive.h"
 
 #include <fcntl.h>
 #include <openssl/evp.h>

@@ -1,4 +1,4 @@
-#include "daemon/inventory.h"
+#include "modes/common/inventory.h"
 
 #include <algorithm>
 #include <charconv>

@@ -1,4 +1,4 @@
-#include "daemon/imds.h"
+#include "modes/node/imds.h"
 
 // Boost 1.74 with g++ 12 in C++20 needs <utility> before the Asio headers.
 #include <arpa/inet.h>

@@ -1,16 +1,13 @@
-#include "daemon/node.h"
+#include "daemon/agent.h"
 
+#include "absl/strings/str_join.h"
 #include "daemon/control.h"
 #include "daemon/desired.h"
 #include "daemon/dispatcher.h"
 #include "daemon/gateway.h"
-#include "daemon/handlers.h"
-#include "daemon/http_upload.h"
 #include "daemon/identity.h"
-#include "daemon/imds.h"
 #include "daemon/renew.h"
 #include "daemon/secrets.h"
-#include "daemon/subprocess.h"
 #include "daemon/tunnels.h"
 #include "fmt/format.h"
 #include "pki/files.h"
@@ -53,24 +50,26 @@ absl::Status ApplyDaemonSection(const bettercompute::agent::v1::DaemonSection& s
 
 }  // namespace
 
-std::vector<std::string> ModeCapabilities(proto::Mode mode, bool websocket) {
+std::vector<std::string> EngineCapabilities(bool websocket) {
   std::vector<std::string> capabilities;
-  if (!websocket) {
-    capabilities = {"tunnel.shell", "tunnel.exec", "tunnel.tcp"};
-    if (mode == proto::Mode::kNode) capabilities.push_back("tunnel.instance-dial");
-  }
-  // Secrets (and, for a VPS host's metadata service, workload tokens) ride either transport.
+  if (!websocket) capabilities = {"tunnel.shell", "tunnel.exec", "tunnel.tcp"};
+  // Secrets ride either transport; the daemon and access sections are applied whole.
   capabilities.push_back("secrets.jwe");
-  if (mode == proto::Mode::kNode) capabilities.push_back("workload-token");
-  // The spec sections applied whole; vps is taken only in part (see the vps applier).
   capabilities.push_back("spec.daemon");
   capabilities.push_back("spec.access");
   return capabilities;
 }
 
-absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& config,
-                                                               proto::Mode mode,
-                                                               NodeDaemonEnv env) {
+std::vector<std::string> AllCapabilities(const Mode& mode, bool websocket) {
+  std::vector<std::string> capabilities = EngineCapabilities(websocket);
+  for (std::string& capability : mode.Capabilities(websocket)) {
+    capabilities.push_back(std::move(capability));
+  }
+  return capabilities;
+}
+
+absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const Config& config,
+                                                     std::unique_ptr<Mode> mode, AgentEnv env) {
   if (!config.gateway_url() || !config.gateway_ca_spki_sha256()) {
     return absl::InvalidArgumentError(config.source() +
                                       ": needs gateway_url and gateway_ca_spki_sha256");
@@ -106,7 +105,7 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
   spec.keepalive_time = env.keepalive_time;
   spec.keepalive_timeout = env.keepalive_timeout;
   StateDir dir = *state;
-  std::unique_ptr<NodeDaemon> daemon(new NodeDaemon());
+  std::unique_ptr<Agent> daemon(new Agent());
   daemon->lock_.emplace(*std::move(lock));
   RenewCall renew = GrpcRenewCall(spec);
   bool websocket = config.websocket().has_value();
@@ -161,10 +160,9 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
       id.ok()) {
     boot_id = id->substr(0, id->find('\n'));
   }
-  std::vector<std::string> capabilities = ModeCapabilities(mode, websocket);
+  std::vector<std::string> capabilities = AllCapabilities(*mode, websocket);
   SessionOptions options{
-      .role = mode == proto::Mode::kSite ? bettercompute::common::v1::ROLE_SITE
-                                         : bettercompute::common::v1::ROLE_NODE,
+      .role = mode->role(),
       .capabilities = capabilities,
       .now = env.now,
       .uniform01 = env.uniform01,
@@ -184,7 +182,7 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
   absl::StatusOr<Outbox> outbox = Outbox::Open(dir.path(), {.max_entries = env.outbox_max_entries});
   if (!outbox.ok()) return outbox.status();
   daemon->outbox_ = std::make_unique<Outbox>(*std::move(outbox));
-  NodeDaemon* self = daemon.get();
+  Agent* self = daemon.get();
   daemon->node_key_ = identity->key;
   daemon->renewer_ = std::make_unique<Renewer>(
       std::move(renew), dir, trust->node_cas(), env.now, env.uniform01, env.log,
@@ -206,7 +204,7 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
   if (!results.ok()) return results.status();
   daemon->results_ = std::make_unique<ResultStore>(*std::move(results));
   daemon->dispatcher_ = std::make_unique<Dispatcher>(
-      mode, identity->node.id.node(), daemon->results_.get(),
+      mode->id(), identity->node.id.node(), daemon->results_.get(),
       DispatcherHooks{.update =
                           [self](const bettercompute::agent::v1::CommandUpdate& update) {
                             (void)self->engine_->EmitUpdate(update);
@@ -223,32 +221,6 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
                                                       kind, message);
                           }},
       env.log);
-  daemon->dispatcher_->Register(
-      "inventory.refresh",
-      std::make_unique<InventoryRefreshHandler>(
-          env.inventory, [self](const bettercompute::common::v1::HardwareClaims& c) {
-            bettercompute::agent::v1::AgentFrame frame;
-            *frame.mutable_inventory() = c;
-            self->engine_->Send(frame);
-          }));
-  daemon->dispatcher_->Register(
-      "logs.collect", std::make_unique<LogsCollectHandler>(
-                          LogSources{.journalctl = env.journalctl,
-                                     .dmesg = env.dmesg,
-                                     .bcd_unit = config.log_unit(),
-                                     .work_dir = dir.path(),
-                                     .now = env.now},
-                          [](const UploadRequest& request) { return HttpPutFile(request); }));
-  if (mode == proto::Mode::kNode) {
-    daemon->reboot_command_ = config.reboot_command();
-    daemon->reboot_result_wait_ = env.reboot_result_wait;
-    daemon->dispatcher_->Register(
-        "node.reboot",
-        std::make_unique<NodeRebootHandler>(
-            [self](std::chrono::seconds delay, std::string reason, std::string command_id) {
-              return self->ScheduleReboot(delay, std::move(reason), std::move(command_id));
-            }));
-  }
   daemon->engine_->set_dispatcher(daemon->dispatcher_.get());
   daemon->secrets_ = std::make_unique<SecretClient>(
       SecretClientOptions{.send =
@@ -275,16 +247,6 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
     // allowed_ops, max_tunnels), and opens nothing while it is invalid.
     return TunnelAccess::FromSection(spec.access(), max).status();
   });
-  if (mode == proto::Mode::kNode) {
-    // Not APPLIED: bcd takes the instances' addresses, but creates, starts and stops nothing.
-    daemon->desired_->Register("vps", [imds = config.imds_listen().has_value()](const NodeSpec&) {
-      return absl::UnimplementedError(fmt::format(
-          "instances are not created, started or stopped by this build (image, vcpus, memory "
-          "and power_state are not acted on); their ids and addresses are taken: {}instance-tcp "
-          "tunnels reach them",
-          imds ? "the metadata service answers them and " : ""));
-    });
-  }
   if (!websocket) {
     absl::StatusOr<std::unique_ptr<TunnelRunner>> tunnels = TunnelRunner::Create(
         {.node_id = identity->node.id.node(),
@@ -294,14 +256,9 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
          .now = env.now,
          .user = config.tunnel_user(),
          .allow = config.tunnel_allow(),
-         .instance_dial = mode == proto::Mode::kNode,
+         .instance_dial = mode->instance_dial(),
          .instance_address = [self](const std::string& id) -> std::optional<std::string> {
-           for (const auto& instance : self->desired_->vps_instances()) {
-             if (instance.instance_id() == id && !instance.address().empty()) {
-               return instance.address();
-             }
-           }
-           return std::nullopt;
+           return self->mode_->InstanceAddress(id);
          },
          .event =
              [self](const std::string& kind, const std::string& message,
@@ -314,35 +271,26 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
     daemon->tunnels_ = *std::move(tunnels);
     daemon->engine_->set_tunnels(daemon->tunnels_.get());
   }
+  daemon->mode_ = std::move(mode);
+  ModeContext context{.config = &config,
+                      .node_id = identity->node.id.node(),
+                      .state_dir = dir.path(),
+                      .websocket = websocket,
+                      .dispatcher = daemon->dispatcher_.get(),
+                      .desired = daemon->desired_.get(),
+                      .secrets = daemon->secrets_.get(),
+                      .engine = daemon->engine_.get(),
+                      .now = env.now,
+                      .log = env.log};
+  if (absl::Status s = daemon->mode_->Attach(context); !s.ok()) return s;
+  // Kinds the table gives this mode that this build cannot run yet: said once at start, and each
+  // such command is refused saying so.
+  if (std::vector<std::string> unhandled = daemon->dispatcher_->Unhandled(); !unhandled.empty()) {
+    env.log->Info("kinds.not_yet", {{"mode", std::string(proto::ModeName(daemon->mode_->id()))},
+                                    {"kinds", absl::StrJoin(unhandled, ",")}});
+  }
   daemon->desired_->Reapply();
   daemon->engine_->set_desired(daemon->desired_.get());
-  if (mode == proto::Mode::kNode && config.imds_listen()) {
-    absl::StatusOr<std::unique_ptr<ImdsServer>> imds = ImdsServer::Start(
-        {.host = config.imds_listen()->host,
-         .port = config.imds_listen()->port,
-         .instances = [self] { return self->desired_->vps_instances(); },
-         .user_data =
-             [self](const bettercompute::agent::v1::VpsInstance& instance) {
-               return self->secrets_->Resolve(instance.user_data_ref(),
-                                              {.allocation_id = instance.allocation_id()});
-             },
-         .token =
-             [self](const bettercompute::agent::v1::VpsInstance& instance,
-                    const std::string& audience) {
-               return self->secrets_->WorkloadToken(instance.instance_id(), audience);
-             },
-         .now = env.now},
-        env.log);
-    if (!imds.ok()) {
-      // The node goes on without it; the gateway hears why.
-      std::string why(ToStd(imds.status().message()));
-      env.log->Error("imds.unavailable", {{"error", why}});
-      (void)daemon->engine_->Emit(bettercompute::agent::v1::SEVERITY_ERROR, "imds.unavailable",
-                                  why);
-    } else {
-      daemon->imds_ = *std::move(imds);
-    }
-  }
   daemon->state_dir_ = dir.path();
   daemon->transport_name_ = websocket ? "websocket" : "grpc";
   daemon->log_ = env.log;
@@ -354,69 +302,12 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Create(const Config& con
   return daemon;
 }
 
-NodeDaemon::~NodeDaemon() {
+Agent::~Agent() {
   dispatcher_.reset();  // its lanes report through the engine: stop them first
-  std::thread reboot;
-  {
-    std::lock_guard<std::mutex> lock(reboot_mu_);
-    stopping_ = true;
-    reboot = std::move(reboot_);
-  }
-  reboot_cv_.notify_all();
-  if (reboot.joinable()) reboot.join();
+  if (mode_) mode_->Detach();
 }
 
-int64_t NodeDaemon::ScheduleReboot(std::chrono::seconds delay, std::string reason,
-                                   std::string command_id) {
-  std::lock_guard<std::mutex> lock(reboot_mu_);
-  if (reboot_due_) return *reboot_due_;  // one is due: the node reboots once
-  int64_t due = now_() + delay.count();
-  if (stopping_) return due;
-  if (reboot_.joinable()) reboot_.join();  // an earlier one ran: this is a new reboot
-  reboot_due_ = due;
-  reboot_ =
-      std::thread([this, delay, reason = std::move(reason), command_id = std::move(command_id)] {
-        auto abandon = [&](std::string_view why) {
-          log_->Warn("node.reboot_abandoned", {{"reason", reason}, {"why", std::string(why)}});
-          std::lock_guard<std::mutex> lock(reboot_mu_);
-          reboot_due_.reset();
-        };
-        auto due_at = std::chrono::steady_clock::now() + delay;
-        {
-          std::unique_lock<std::mutex> lock(reboot_mu_);
-          if (reboot_cv_.wait_until(lock, due_at, [&] { return stopping_; })) {
-            lock.unlock();
-            return abandon("bcd stopped before the reboot was due");
-          }
-        }
-        // The result should reach the gateway before the node goes down; after a while (30 s) it
-        // reboots anyway and the result goes from the outbox after the restart. A daemon that stops
-        // meanwhile does not reboot the machine on its way out.
-        engine_->WaitUntil(
-            [](const SessionSnapshot& s) { return s.outbox_pending == 0 || s.state == "stopped"; },
-            reboot_result_wait_);
-        bool stopped;
-        {
-          std::lock_guard<std::mutex> lock(reboot_mu_);
-          stopped = stopping_ || engine_->Snapshot().state == "stopped";
-          if (!stopped) reboot_due_.reset();  // from here a new request is a new reboot
-        }
-        if (stopped) return abandon("bcd stopped before the reboot command ran");
-        log_->Warn("node.reboot", {{"reason", reason}, {"command", reboot_command_.front()}});
-        absl::StatusOr<std::string> ran = RunWithEnv(
-            reboot_command_, {"BCD_REBOOT_REASON=" + reason, "BCD_COMMAND_ID=" + command_id},
-            std::chrono::minutes(1));
-        if (!ran.ok()) {
-          std::string why(ToStd(ran.status().message()));
-          log_->Error("node.reboot_failed", {{"error", why}});
-          (void)engine_->Emit(bettercompute::agent::v1::SEVERITY_ERROR, "node.reboot_failed",
-                              "the reboot command failed: " + why);
-        }
-      });
-  return due;
-}
-
-std::string NodeDaemon::StatusText() const {
+std::string Agent::StatusText() const {
   absl::StatusOr<std::string> identity = StateDirStatusText(state_dir_, now_());
   std::string text =
       identity.ok() ? *identity : fmt::format("state: {}\n", ToStd(identity.status().message()));
@@ -430,7 +321,7 @@ std::string NodeDaemon::StatusText() const {
   return text;
 }
 
-absl::Status NodeDaemon::Run() {
+absl::Status Agent::Run() {
   // A command whose terminal update reached the outbox just before a crash finished: record it,
   // so it is not reported interrupted as well.
   if (absl::StatusOr<int> found = results_->Reconcile(outbox_->pending(), now_()); !found.ok()) {
@@ -443,13 +334,11 @@ absl::Status NodeDaemon::Run() {
   return status;
 }
 
-int NodeDaemon::renewals() const { return renewer_->renewals(); }
+int Agent::renewals() const { return renewer_->renewals(); }
 
-uint16_t NodeDaemon::imds_port() const { return imds_ ? imds_->port() : 0; }
+int Agent::tunnels_open() const { return tunnels_ ? tunnels_->active() : 0; }
 
-int NodeDaemon::tunnels_open() const { return tunnels_ ? tunnels_->active() : 0; }
-
-bool NodeDaemon::WaitForRenewals(int count, std::chrono::milliseconds timeout) const {
+bool Agent::WaitForRenewals(int count, std::chrono::milliseconds timeout) const {
   return renewer_->WaitForRenewals(count, timeout);
 }
 

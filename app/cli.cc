@@ -1,4 +1,4 @@
-#include "daemon/cli.h"
+#include "app/cli.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -16,15 +16,16 @@
 #include <thread>
 
 #include "absl/strings/str_join.h"
+#include "app/modes.h"
+#include "app/notify.h"
+#include "daemon/agent.h"
 #include "daemon/config.h"
 #include "daemon/control.h"
-#include "daemon/inventory.h"
 #include "daemon/join.h"
-#include "daemon/node.h"
-#include "daemon/notify.h"
 #include "fmt/format.h"
 #include "fmt/ostream.h"
 #include "install/install_script.h"
+#include "modes/common/inventory.h"
 #include "pki/files.h"
 #include "proto/absl_compat.h"
 #include "proto/version.h"
@@ -46,7 +47,8 @@ constexpr Command kCommands[] = {
      "the join and session work"},
     {"node", "", "run the node mode in the foreground until SIGTERM", ""},
     {"site", "", "run the site agent in the foreground until SIGTERM (its kinds come later)", ""},
-    {"ramdisk", "", "run the ramdisk mode in the foreground until SIGTERM", "the ramdisk mode"},
+    {"ramdisk", "",
+     "run the ramdisk mode in the foreground until SIGTERM (its join and kinds come later)", ""},
     {"status", "", "show this node's identity, trust and session state", ""},
     {"inventory", "", "print this machine's hardware claims as JSON", ""},
     {"install-script",
@@ -122,8 +124,8 @@ std::optional<Config> LoadConfig(const Flags& flags, const CliEnv& env) {
 int Version(const Config& config, const CliEnv& env) {
   fmt::print(env.out, "bcd {}\nprotocol {}\n", BCD_VERSION, proto::kProtocolVersion.ToString());
   bool websocket = config.websocket().has_value();
-  for (proto::Mode mode : {proto::Mode::kNode, proto::Mode::kSite}) {
-    std::vector<std::string> capabilities = ModeCapabilities(mode, websocket);
+  for (proto::Mode mode : kModes) {
+    std::vector<std::string> capabilities = AllCapabilities(*MakeMode(mode), websocket);
     fmt::print(env.out, "capabilities ({}): {}{}\n", proto::ModeName(mode),
                absl::StrJoin(capabilities, ", "),
                websocket ? " (no tunnels: they need the gRPC transport)" : "");
@@ -291,18 +293,20 @@ int RunMode(const Flags& flags, const CliEnv& env, proto::Mode mode) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGUSR1);  // only to release the waiter when the engine stops by itself
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  sigset_t previous;
+  pthread_sigmask(SIG_BLOCK, &signals, &previous);
   Logger log(&env.err, config->log_level());
   log.set_priority_prefix(&env.err == &std::cerr &&
                           IsJournalStream(STDERR_FILENO, transport::ProcessEnv));
   std::mt19937_64 rng(std::random_device{}());
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
-  absl::StatusOr<std::unique_ptr<NodeDaemon>> daemon =
-      NodeDaemon::Create(*config, mode,
-                         {.now = [&env] { return static_cast<int64_t>(env.now()); },
-                          .uniform01 = [&] { return uniform(rng); },
-                          .log = &log});
+  absl::StatusOr<std::unique_ptr<Agent>> daemon =
+      Agent::Create(*config, MakeMode(mode),
+                    {.now = [&env] { return static_cast<int64_t>(env.now()); },
+                     .uniform01 = [&] { return uniform(rng); },
+                     .log = &log});
   if (!daemon.ok()) {
+    pthread_sigmask(SIG_SETMASK, &previous, nullptr);  // a caller in the same process (tests)
     fmt::print(env.err, "bcd {}: {}\n", proto::ModeName(mode), ToStd(daemon.status().message()));
     return daemon.status().code() == absl::StatusCode::kUnauthenticated ? kExitIdentityGone
                                                                         : kExitOther;
@@ -408,6 +412,7 @@ int RunCli(const std::vector<std::string>& args, const CliEnv& env) {
   if (command->name == "node") return RunMode(*flags, env, proto::Mode::kNode);
   if (command->name == "status") return Status(*flags, env);
   if (command->name == "site") return RunMode(*flags, env, proto::Mode::kSite);
+  if (command->name == "ramdisk") return RunMode(*flags, env, proto::Mode::kRamdisk);
   if (command->name == "install-script") return InstallScript(*flags, env);
   if (!command->arrives.empty()) {
     fmt::print(env.err, "bcd {}: not implemented yet in this build (comes with {})\n",

@@ -1,4 +1,4 @@
-#include "daemon/notify.h"
+#include "app/notify.h"
 
 #include <sys/socket.h>
 #include <sys/stat.h>

@@ -1,0 +1,32 @@
+#pragma once
+
+// Site mode: what each datacenter site runs. Today it runs the common kinds; the BMCs (bmc.*, one
+// lane per BMC address), the boot server and site.httpProxy come to this folder, each a handler
+// registered in Attach.
+
+#include "daemon/mode.h"
+#include "modes/common/common_kinds.h"
+
+namespace bcd {
+
+struct SiteModeOptions {
+  CommonSources sources;
+};
+
+class SiteMode final : public Mode {
+ public:
+  explicit SiteMode(SiteModeOptions options = {}) : options_(std::move(options)) {}
+
+  proto::Mode id() const override { return proto::Mode::kSite; }
+  bettercompute::common::v1::Role role() const override {
+    return bettercompute::common::v1::ROLE_SITE;
+  }
+  std::vector<std::string> Capabilities(bool websocket) const override;
+  absl::Status Attach(const ModeContext& context) override;
+  void Detach() override {}
+
+ private:
+  SiteModeOptions options_;
+};
+
+}  // namespace bcd
