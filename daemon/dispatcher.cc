@@ -23,6 +23,7 @@ struct Dispatcher::Job {
   std::string body_sha256;
   const proto::KindSpec* kind = nullptr;
   std::unique_ptr<google::protobuf::Message> payload;
+  std::string lane_key;  // see CommandHandler::LaneKey
   std::atomic<bool> stop{false};
   bool running = false;        // guarded by mu_
   bool timed_out = false;      // guarded by mu_
@@ -30,14 +31,32 @@ struct Dispatcher::Job {
   Clock::time_point deadline;  // guarded by mu_; set when it starts running
 };
 
+// A lane's workers take the first queued job whose key no worker is running: one at a time per
+// key, and (with more than one worker, for lanes run per key) different keys side by side.
+// Workers start when a job finds none idle, up to `workers`, and live as long as the dispatcher.
 struct Dispatcher::Lane {
+  std::size_t workers = 1;
   std::deque<std::shared_ptr<Job>> queue;  // guarded by mu_
-  std::thread thread;
+  std::set<std::string> running_keys;      // guarded by mu_
+  std::size_t idle = 0;                    // guarded by mu_: workers waiting for a job
+  std::vector<std::thread> threads;        // guarded by mu_
+
+  // The first queued job no worker runs the key of; null when there is none.
+  std::shared_ptr<Job> Next() {
+    for (auto it = queue.begin(); it != queue.end(); ++it) {
+      if (running_keys.contains((*it)->lane_key)) continue;
+      std::shared_ptr<Job> job = *it;
+      queue.erase(it);
+      return job;
+    }
+    return nullptr;
+  }
 };
 
 Dispatcher::Dispatcher(proto::Mode mode, std::string node_id, ResultStore* results,
-                       DispatcherHooks hooks, Logger* log)
+                       DispatcherHooks hooks, Logger* log, std::size_t keyed_workers)
     : mode_(mode),
+      keyed_workers_(std::max<std::size_t>(keyed_workers, 1)),
       node_id_(std::move(node_id)),
       hooks_(std::move(hooks)),
       log_(log),
@@ -51,7 +70,9 @@ Dispatcher::~Dispatcher() {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
     for (auto& [id, job] : active_) job->stop = true;
-    for (auto& [lane, state] : lanes_) threads.push_back(std::move(state->thread));
+    for (auto& [lane, state] : lanes_) {
+      for (std::thread& thread : state->threads) threads.push_back(std::move(thread));
+    }
   }
   cv_.notify_all();
   for (std::thread& t : threads) t.join();
@@ -300,6 +321,7 @@ void Dispatcher::Submit(const v1::SignedCommand& signed_command, const pki::Trus
   if (absl::Status s = handler->second->Validate(command, *job->payload); !s.ok()) {
     return refuse(v1::COMMAND_CODE_INVALID_PAYLOAD, std::string(ToStd(s.message())));
   }
+  job->lane_key = handler->second->LaneKey(command, *job->payload);
   // Taken only when its result will fit: a command that runs is always remembered.
   absl::Status room;
   bool newly_full = false;
@@ -354,9 +376,12 @@ void Dispatcher::Submit(const v1::SignedCommand& signed_command, const pki::Trus
     std::unique_ptr<Lane>& lane = lanes_[kind->lane];
     if (!lane) {
       lane = std::make_unique<Lane>();
-      lane->thread = std::thread([this, l = lane.get()] { LaneLoop(l); });
+      lane->workers = kind->lane == proto::Lane::kPerBmc ? keyed_workers_ : 1;
     }
     lane->queue.push_back(job);
+    if (lane->idle == 0 && lane->threads.size() < lane->workers) {
+      lane->threads.emplace_back([this, l = lane.get()] { LaneLoop(l); });
+    }
   }
   cv_.notify_all();
 }
@@ -395,10 +420,12 @@ void Dispatcher::Finish(Job& job, v1::CommandUpdate update) {
 void Dispatcher::LaneLoop(Lane* lane) {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    cv_.wait(lock, [&] { return stopping_ || !lane->queue.empty(); });
+    std::shared_ptr<Job> job;
+    ++lane->idle;
+    cv_.wait(lock, [&] { return stopping_ || (job = lane->Next()) != nullptr; });
+    --lane->idle;
     if (stopping_) return;
-    std::shared_ptr<Job> job = lane->queue.front();
-    lane->queue.pop_front();
+    lane->running_keys.insert(job->lane_key);
     job->running = true;
     auto timeout = job->kind->Has(proto::kTimeoutFromPayload) || job->command.timeout_seconds() != 0
                        ? std::chrono::seconds(job->command.timeout_seconds())
@@ -429,6 +456,10 @@ void Dispatcher::LaneLoop(Lane* lane) {
       update.set_result(*result);
     }
     Finish(*job, update);
+    lock.lock();
+    lane->running_keys.erase(job->lane_key);
+    lock.unlock();
+    cv_.notify_all();  // a job of this key may wait for it
     lock.lock();
   }
 }

@@ -7,8 +7,9 @@
 //   (kinds flagged quorum) -> kind known to this mode, allowed now -> payload decodes -> ACCEPTED
 //
 // Each refusal is a REJECTED update with its code and a readable message. Accepted commands queue
-// in their lane; each lane runs one command at a time on its own thread, and a command's timeout
-// starts when it runs. Handlers never see the transport.
+// in their lane; a lane runs one command at a time, except a lane run per key (the per-BMC lane),
+// which runs one command at a time per key and different keys side by side, up to a bound. A
+// command's timeout starts when it runs. Handlers never see the transport.
 //
 // Thread-safe: Submit and Cancel come from the session thread, updates leave through `hooks.update`
 // from lane threads.
@@ -21,8 +22,10 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "bettercompute/agent/v1/commands.pb.h"
 #include "daemon/log.h"
@@ -55,6 +58,15 @@ class CommandHandler {
   // that takes any kind (tests). Register refuses a handler whose types are not its kind's.
   virtual std::string_view payload_type() const { return {}; }
   virtual std::string_view result_type() const { return {}; }
+  // What the command works on, for lanes run per key (proto::Lane::kPerBmc: the BMC's address):
+  // commands with the same key run one at a time, different keys side by side. Empty: the lane's
+  // one shared key. Runs on the session's thread after Validate.
+  virtual std::string LaneKey(const bettercompute::agent::v1::Command& command,
+                              const google::protobuf::Message& payload) const {
+    (void)command;
+    (void)payload;
+    return {};
+  }
 };
 
 // A handler with its kind's payload and result types. The dispatcher decodes the payload into the
@@ -74,10 +86,22 @@ class TypedHandler : public CommandHandler {
   virtual absl::StatusOr<Result> Execute(const bettercompute::agent::v1::Command& command,
                                          const Payload& payload, const std::atomic<bool>& stop) = 0;
 
+  // The lane key (see CommandHandler::LaneKey).
+  virtual std::string Key(const bettercompute::agent::v1::Command& command,
+                          const Payload& payload) const {
+    (void)command;
+    (void)payload;
+    return {};
+  }
+
   std::string_view payload_type() const final { return Payload::descriptor()->full_name(); }
   std::string_view result_type() const final { return Result::descriptor()->full_name(); }
 
  private:
+  std::string LaneKey(const bettercompute::agent::v1::Command& command,
+                      const google::protobuf::Message& payload) const final {
+    return Key(command, static_cast<const Payload&>(payload));
+  }
   absl::Status Validate(const bettercompute::agent::v1::Command& command,
                         const google::protobuf::Message& payload) const final {
     return Check(command, static_cast<const Payload&>(payload));
@@ -110,10 +134,15 @@ inline constexpr std::size_t kMaxCommandIdBytes = 128;
 // never name a path or break a log line.
 bool IsCommandId(std::string_view id);
 
+// Lanes run per key (proto::Lane::kPerBmc) run at most this many commands at once by default.
+inline constexpr std::size_t kKeyedLaneWorkers = 8;
+
 class Dispatcher {
  public:
+  // `keyed_workers`: how many commands a lane run per key runs at once (one per key at most);
+  // every other lane runs one command at a time.
   Dispatcher(proto::Mode mode, std::string node_id, ResultStore* results, DispatcherHooks hooks,
-             Logger* log);
+             Logger* log, std::size_t keyed_workers = kKeyedLaneWorkers);
   ~Dispatcher();
 
   // Adds the handler of `kind`. InvalidArgument when the kind table has no such kind, gives it to
@@ -149,6 +178,7 @@ class Dispatcher {
       const std::string& id, bettercompute::agent::v1::CommandState state) const;
 
   proto::Mode mode_;
+  std::size_t keyed_workers_;
   std::string node_id_;
   DispatcherHooks hooks_;
   Logger* log_;

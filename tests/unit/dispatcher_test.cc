@@ -5,8 +5,11 @@
 
 #include <condition_variable>
 #include <filesystem>
+#include <map>
+#include <set>
 #include <sstream>
 
+#include "bettercompute/site/v1/site.pb.h"
 #include "fmt/format.h"
 #include "gtest/gtest.h"
 #include "pki/envelope.h"
@@ -529,6 +532,104 @@ TEST_F(DispatcherTest, ATypedHandlerGetsItsPayloadTypeAndItsResultIsEncoded) {
   ASSERT_TRUE(refused.has_value());
   EXPECT_EQ(refused->code(), v1::COMMAND_CODE_INVALID_PAYLOAD);
   EXPECT_EQ(refused->message(), "reason is bad");
+}
+
+// A BMC operation that runs until the test releases it, and records what ran side by side.
+class HeldBmcHandler final : public TypedHandler<bettercompute::site::v1::BmcPowerPayload,
+                                                 bettercompute::site::v1::BmcPowerResult> {
+ public:
+  std::string Key(const v1::Command&,
+                  const bettercompute::site::v1::BmcPowerPayload& payload) const override {
+    return payload.bmc().address();
+  }
+  absl::StatusOr<bettercompute::site::v1::BmcPowerResult> Execute(
+      const v1::Command& command, const bettercompute::site::v1::BmcPowerPayload& payload,
+      const std::atomic<bool>& stop) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    const std::string& key = payload.bmc().address();
+    running_.push_back(command.command_id());
+    max_total_ = std::max(max_total_, running_.size());
+    max_per_key_ = std::max(max_per_key_, ++per_key_[key]);
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return released_.contains(command.command_id()) || stop; });
+    std::erase(running_, command.command_id());
+    --per_key_[key];
+    bettercompute::site::v1::BmcPowerResult result;
+    result.set_power_state("on");
+    return result;
+  }
+  // Waits until exactly `ids` run (in any order).
+  bool WaitRunning(std::vector<std::string> ids) {
+    std::sort(ids.begin(), ids.end());
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(10), [&] {
+      std::vector<std::string> now = running_;
+      std::sort(now.begin(), now.end());
+      return now == ids;
+    });
+  }
+  void Release(const std::string& id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_.insert(id);
+    cv_.notify_all();
+  }
+  std::size_t max_total() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return max_total_;
+  }
+  int max_per_key() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return max_per_key_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::string> running_;
+  std::map<std::string, int> per_key_;
+  std::set<std::string> released_;
+  std::size_t max_total_ = 0;
+  int max_per_key_ = 0;
+};
+
+TEST_F(DispatcherTest, ThePerBmcLaneRunsOneCommandPerBmcAndBmcsSideBySideUpToItsBound) {
+  dispatcher_ = std::make_unique<Dispatcher>(
+      proto::Mode::kSite, "n-1", results_.get(),
+      DispatcherHooks{.update =
+                          [this](const v1::CommandUpdate& u) {
+                            std::lock_guard<std::mutex> lock(mu_);
+                            updates_.push_back(u);
+                            cv_.notify_all();
+                          },
+                      .now = [] { return static_cast<int64_t>(std::time(nullptr)); }},
+      &log_, /*keyed_workers=*/2);
+  auto held = std::make_unique<HeldBmcHandler>();
+  HeldBmcHandler* bmc = held.get();
+  ASSERT_TRUE(dispatcher_->Register("bmc.powerStatus", std::move(held)).ok());
+  auto submit = [&](const std::string& id, const std::string& address) {
+    bettercompute::site::v1::BmcPowerPayload payload;
+    payload.mutable_bmc()->set_address(address);
+    v1::Command command = Make(id, "bmc.powerStatus");
+    command.set_payload(payload.SerializeAsString());
+    dispatcher_->Submit(pki_.SignCommand(command), *trust_, false);
+  };
+  submit("a-1", "10.0.0.1");
+  submit("a-2", "10.0.0.1");  // the same BMC: waits for a-1
+  submit("b-1", "10.0.0.2");  // another BMC: runs beside a-1
+  submit("c-1", "10.0.0.3");  // a third: waits for the bound of two
+  ASSERT_TRUE(bmc->WaitRunning({"a-1", "b-1"}));
+  bmc->Release("a-1");
+  // a-1's worker takes the first job it may run: a-2 (its BMC is free again), before c-1.
+  ASSERT_TRUE(bmc->WaitRunning({"a-2", "b-1"}));
+  bmc->Release("b-1");
+  ASSERT_TRUE(bmc->WaitRunning({"a-2", "c-1"}));
+  bmc->Release("a-2");
+  bmc->Release("c-1");
+  for (const char* id : {"a-1", "a-2", "b-1", "c-1"}) {
+    ASSERT_TRUE(WaitFor(id, v1::COMMAND_STATE_SUCCEEDED)) << id;
+  }
+  EXPECT_EQ(bmc->max_total(), 2u);
+  EXPECT_EQ(bmc->max_per_key(), 1);
 }
 
 }  // namespace
