@@ -68,8 +68,17 @@ std::vector<std::string> AllCapabilities(const Mode& mode, bool websocket) {
   return capabilities;
 }
 
-absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const Config& config,
-                                                     std::unique_ptr<Mode> mode, AgentEnv env) {
+// What a daemon starts from: the locked state dir, the identity in it and its trust.
+struct Agent::Joined {
+  StateDir dir;
+  StateDirLock lock;
+  Identity identity;
+  pki::TrustState trust;
+};
+
+// The state dir locked (one daemon per state dir, decided before anything in it is opened), the
+// identity loaded, its certificate still valid and its trust bundle readable.
+absl::StatusOr<Agent::Joined> Agent::LoadJoined(const Config& config, int64_t now) {
   if (!config.gateway_url() || !config.gateway_ca_spki_sha256()) {
     return absl::InvalidArgumentError(config.source() +
                                       ": needs gateway_url and gateway_ca_spki_sha256");
@@ -77,7 +86,6 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const Config& config,
   if (absl::Status s = transport::RequireTls13(); !s.ok()) return s;
   absl::StatusOr<StateDir> state = StateDir::Open(config.state_dir());
   if (!state.ok()) return state.status();
-  // One daemon per state dir, decided before anything in it is opened.
   absl::StatusOr<StateDirLock> lock = state->Lock();
   if (!lock.ok()) return lock.status();
   if (!state->HasIdentity()) {
@@ -88,7 +96,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const Config& config,
   absl::StatusOr<Identity> identity = state->LoadIdentity();
   if (!identity.ok()) return identity.status();
   int64_t not_after = identity->chain.front().NotAfter();
-  if (not_after <= env.now()) {
+  if (not_after <= now) {
     return absl::UnauthenticatedError(
         fmt::format("the node certificate expired at {} (unix time): it can no longer renew. "
                     "Re-join: remove the "
@@ -101,51 +109,38 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const Config& config,
     return absl::DataLossError(
         fmt::format("{}: {}", state->TrustBundlePath().string(), ToStd(trust.status().message())));
   }
+  return Joined{*std::move(state), *std::move(lock), *std::move(identity), *std::move(trust)};
+}
+
+namespace {
+
+// The WebSocket session carries signed intent only: without roots to verify it, nothing the
+// gateway sent could be run, and the proxy in the middle could not be told from the gateway.
+absl::Status RequireSigningRoots(const Config& config, const pki::TrustState& trust) {
+  if (!trust.command_signing_roots().empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(fmt::format(
+      "[websocket] in {}: the trust bundle (version {}) has no command-signing roots, and a "
+      "WebSocket session takes signed commands and specs only; turn command signing on in "
+      "the control plane, or remove [websocket] to use gRPC",
+      config.source(), trust.version()));
+}
+
+std::string BootId() {
+  absl::StatusOr<std::string> id = pki::ReadWholeFile("/proc/sys/kernel/random/boot_id", 256);
+  return id.ok() ? id->substr(0, id->find('\n')) : "";
+}
+
+}  // namespace
+
+absl::StatusOr<RenewCall> Agent::StartTransport(const Config& config, const AgentEnv& env,
+                                                const Joined& joined) {
   transport::ChannelSpec spec = GatewayChannel(config);
   spec.keepalive_time = env.keepalive_time;
   spec.keepalive_timeout = env.keepalive_timeout;
-  StateDir dir = *state;
-  std::unique_ptr<Agent> daemon(new Agent());
-  daemon->lock_.emplace(*std::move(lock));
-  RenewCall renew = GrpcRenewCall(spec);
-  bool websocket = config.websocket().has_value();
-  if (websocket) {
-    // The WebSocket session carries signed intent only: without roots to verify it, nothing the
-    // gateway sent could be run, and the proxy in the middle could not be told from the gateway.
-    if (trust->command_signing_roots().empty()) {
-      return absl::FailedPreconditionError(fmt::format(
-          "[websocket] in {}: the trust bundle (version {}) has no command-signing roots, and a "
-          "WebSocket session takes signed commands and specs only; turn command signing on in "
-          "the control plane, or remove [websocket] to use gRPC",
-          config.source(), trust->version()));
-    }
-    absl::StatusOr<transport::WebSocketSpec> ws = WebSocketChannel(config);
-    if (!ws.ok()) return ws.status();
-    ws->keepalive_time = env.keepalive_time;
-    ws->keepalive_timeout = env.keepalive_timeout;
-    ws->env = env.proxy_env;
-    pki::PublicKey join_service_key = identity->join_service_key;
-    daemon->transport_ = std::make_unique<transport::WebSocketTransport>(
-        *ws,
-        [dir, join_service_key]() -> absl::StatusOr<transport::WsNodeIdentity> {
-          // Re-read at every dial: a renewal takes effect on the next one, and a trust bundle
-          // that dropped the signing roots stops the dialing.
-          absl::StatusOr<Identity> identity = dir.LoadIdentity();
-          if (!identity.ok()) return identity.status();
-          identity->join_service_key = join_service_key;  // the key pinned when bcd started
-          absl::StatusOr<pki::TrustState> trust = TrustOf(*identity);
-          if (trust.ok() && trust->command_signing_roots().empty()) {
-            return absl::FailedPreconditionError(
-                "the trust bundle has no command-signing roots: the WebSocket session is not "
-                "dialed");
-          }
-          return transport::WsNodeIdentity{identity->key, identity->chain,
-                                           identity->node.id.node()};
-        },
-        env.now);
-    renew = HttpsRenewCall(*ws);
-  } else {
-    daemon->transport_ = std::make_unique<transport::GrpcTransport>(
+  StateDir dir = joined.dir;
+  if (!config.websocket()) {
+    transport_name_ = "grpc";
+    transport_ = std::make_unique<transport::GrpcTransport>(
         spec, [dir]() -> absl::StatusOr<transport::ClientIdentity> {
           // Re-read at every dial: a renewal takes effect on the next one.
           absl::StatusOr<Identity> identity = dir.LoadIdentity();
@@ -154,24 +149,51 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const Config& config,
           for (const pki::Certificate& cert : identity->chain) chain += cert.Pem();
           return transport::ClientIdentity{identity->key.ToPem(), chain};
         });
+    return GrpcRenewCall(spec);
   }
-  std::string boot_id;
-  if (absl::StatusOr<std::string> id = pki::ReadWholeFile("/proc/sys/kernel/random/boot_id", 256);
-      id.ok()) {
-    boot_id = id->substr(0, id->find('\n'));
-  }
-  std::vector<std::string> capabilities = AllCapabilities(*mode, websocket);
+  if (absl::Status s = RequireSigningRoots(config, joined.trust); !s.ok()) return s;
+  absl::StatusOr<transport::WebSocketSpec> ws = WebSocketChannel(config);
+  if (!ws.ok()) return ws.status();
+  ws->keepalive_time = env.keepalive_time;
+  ws->keepalive_timeout = env.keepalive_timeout;
+  ws->env = env.proxy_env;
+  pki::PublicKey join_service_key = joined.identity.join_service_key;
+  transport_name_ = "websocket";
+  transport_ = std::make_unique<transport::WebSocketTransport>(
+      *ws,
+      [dir, join_service_key]() -> absl::StatusOr<transport::WsNodeIdentity> {
+        // Re-read at every dial: a renewal takes effect on the next one, and a trust bundle
+        // that dropped the signing roots stops the dialing.
+        absl::StatusOr<Identity> identity = dir.LoadIdentity();
+        if (!identity.ok()) return identity.status();
+        identity->join_service_key = join_service_key;  // the key pinned when bcd started
+        absl::StatusOr<pki::TrustState> trust = TrustOf(*identity);
+        if (trust.ok() && trust->command_signing_roots().empty()) {
+          return absl::FailedPreconditionError(
+              "the trust bundle has no command-signing roots: the WebSocket session is not "
+              "dialed");
+        }
+        return transport::WsNodeIdentity{identity->key, identity->chain, identity->node.id.node()};
+      },
+      env.now);
+  return HttpsRenewCall(*ws);
+}
+
+absl::Status Agent::StartSession(const AgentEnv& env, const Mode& mode, Joined& joined,
+                                 RenewCall renew) {
+  bool websocket = transport_name_ == "websocket";
+  StateDir dir = joined.dir;
   SessionOptions options{
-      .role = mode->role(),
-      .capabilities = capabilities,
+      .role = mode.role(),
+      .capabilities = AllCapabilities(mode, websocket),
       .now = env.now,
       .uniform01 = env.uniform01,
       .status_interval = env.status_interval,
       .signed_only = websocket,
       .tunnels = !websocket,
-      .boot_id = boot_id,
+      .boot_id = BootId(),
       .started_at = env.now(),
-      .certificate_not_after = not_after,
+      .certificate_not_after = joined.identity.chain.front().NotAfter(),
       .on_trust =
           [dir, log = env.log](const pki::TrustState& trust) {
             if (absl::Status s = dir.SaveTrust(trust); !s.ok() && log) {
@@ -181,125 +203,158 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const Config& config,
       .welcome_timeout = env.welcome_timeout};
   absl::StatusOr<Outbox> outbox = Outbox::Open(dir.path(), {.max_entries = env.outbox_max_entries});
   if (!outbox.ok()) return outbox.status();
-  daemon->outbox_ = std::make_unique<Outbox>(*std::move(outbox));
-  Agent* self = daemon.get();
-  daemon->node_key_ = identity->key;
-  daemon->renewer_ = std::make_unique<Renewer>(
-      std::move(renew), dir, trust->node_cas(), env.now, env.uniform01, env.log,
-      [self](const Identity& renewed) {
+  outbox_ = std::make_unique<Outbox>(*std::move(outbox));
+  node_key_ = joined.identity.key;
+  renewer_ = std::make_unique<Renewer>(
+      std::move(renew), dir, joined.trust.node_cas(), env.now, env.uniform01, env.log,
+      [this](const Identity& renewed) {
         {
-          std::lock_guard<std::mutex> lock(self->key_mu_);
-          self->node_key_ = renewed.key;  // requests sign with the key of the current certificate
+          std::lock_guard<std::mutex> lock(key_mu_);
+          node_key_ = renewed.key;  // requests sign with the key of the current certificate
         }
-        (void)self->engine_->Emit(
-            bettercompute::agent::v1::SEVERITY_INFO, "identity.renewed",
-            "the node certificate was renewed",
-            {{"generation", std::to_string(renewed.node.generation.value_or(0))},
-             {"not_after", std::to_string(renewed.chain.front().NotAfter())}});
+        (void)engine_->Emit(bettercompute::agent::v1::SEVERITY_INFO, "identity.renewed",
+                            "the node certificate was renewed",
+                            {{"generation", std::to_string(renewed.node.generation.value_or(0))},
+                             {"not_after", std::to_string(renewed.chain.front().NotAfter())}});
       });
-  daemon->engine_ = std::make_unique<SessionEngine>(daemon->transport_.get(), *std::move(trust),
-                                                    identity->join_service_key, std::move(options),
-                                                    daemon->outbox_.get(), env.log);
-  absl::StatusOr<ResultStore> results = ResultStore::Open(dir.path(), env.now());
+  engine_ = std::make_unique<SessionEngine>(transport_.get(), std::move(joined.trust),
+                                            joined.identity.join_service_key, std::move(options),
+                                            outbox_.get(), env.log);
+  return absl::OkStatus();
+}
+
+absl::Status Agent::StartDispatch(const AgentEnv& env, const Mode& mode, const Joined& joined) {
+  absl::StatusOr<ResultStore> results = ResultStore::Open(joined.dir.path(), env.now());
   if (!results.ok()) return results.status();
-  daemon->results_ = std::make_unique<ResultStore>(*std::move(results));
-  daemon->dispatcher_ = std::make_unique<Dispatcher>(
-      mode->id(), identity->node.id.node(), daemon->results_.get(),
+  results_ = std::make_unique<ResultStore>(*std::move(results));
+  dispatcher_ = std::make_unique<Dispatcher>(
+      mode.id(), joined.identity.node.id.node(), results_.get(),
       DispatcherHooks{.update =
-                          [self](const bettercompute::agent::v1::CommandUpdate& update) {
-                            (void)self->engine_->EmitUpdate(update);
+                          [this](const bettercompute::agent::v1::CommandUpdate& update) {
+                            (void)engine_->EmitUpdate(update);
                           },
                       .terminal =
-                          [self](const bettercompute::agent::v1::CommandUpdate& update,
+                          [this](const bettercompute::agent::v1::CommandUpdate& update,
                                  const std::function<void()>& remember) {
-                            (void)self->engine_->EmitUpdate(update, remember);
+                            (void)engine_->EmitUpdate(update, remember);
                           },
                       .now = env.now,
                       .event =
-                          [self](const std::string& kind, const std::string& message) {
-                            (void)self->engine_->Emit(bettercompute::agent::v1::SEVERITY_ERROR,
-                                                      kind, message);
+                          [this](const std::string& kind, const std::string& message) {
+                            (void)engine_->Emit(bettercompute::agent::v1::SEVERITY_ERROR, kind,
+                                                message);
                           }},
       env.log);
-  daemon->engine_->set_dispatcher(daemon->dispatcher_.get());
-  daemon->secrets_ = std::make_unique<SecretClient>(
+  engine_->set_dispatcher(dispatcher_.get());
+  secrets_ = std::make_unique<SecretClient>(
       SecretClientOptions{.send =
-                              [self](const bettercompute::agent::v1::AgentFrame& frame) {
-                                return self->engine_->Send(frame);
+                              [this](const bettercompute::agent::v1::AgentFrame& frame) {
+                                return engine_->Send(frame);
                               },
-                          .node_key = [self]() -> absl::StatusOr<pki::PrivateKey> {
-                            std::lock_guard<std::mutex> lock(self->key_mu_);
-                            return *self->node_key_;
+                          .node_key = [this]() -> absl::StatusOr<pki::PrivateKey> {
+                            std::lock_guard<std::mutex> lock(key_mu_);
+                            return *node_key_;
                           },
                           .now = env.now},
       env.log);
-  daemon->engine_->set_secrets(daemon->secrets_.get());
+  engine_->set_secrets(secrets_.get());
+  return absl::OkStatus();
+}
+
+absl::Status Agent::StartDesiredState(const Config& config, const AgentEnv& env,
+                                      const Joined& joined) {
   absl::StatusOr<std::unique_ptr<DesiredState>> desired =
-      DesiredState::Open(dir.path(), identity->node.id.node(), env.log);
+      DesiredState::Open(joined.dir.path(), joined.identity.node.id.node(), env.log);
   if (!desired.ok()) return desired.status();
-  daemon->desired_ = *std::move(desired);
-  daemon->desired_->Register(
-      "daemon", [self, log = env.log, interval = env.status_interval](const NodeSpec& spec) {
-        return ApplyDaemonSection(spec.daemon(), log, self->engine_.get(), interval);
-      });
-  daemon->desired_->Register("access", [max = config.max_tunnels()](const NodeSpec& spec) {
+  desired_ = *std::move(desired);
+  desired_->Register("daemon",
+                     [this, log = env.log, interval = env.status_interval](const NodeSpec& spec) {
+                       return ApplyDaemonSection(spec.daemon(), log, engine_.get(), interval);
+                     });
+  desired_->Register("access", [max = config.max_tunnels()](const NodeSpec& spec) {
     // Kept by DesiredState; every OpenTunnel checks the section again and obeys all of it (keys,
     // allowed_ops, max_tunnels), and opens nothing while it is invalid.
     return TunnelAccess::FromSection(spec.access(), max).status();
   });
-  if (!websocket) {
-    absl::StatusOr<std::unique_ptr<TunnelRunner>> tunnels = TunnelRunner::Create(
-        {.node_id = identity->node.id.node(),
-         .max = config.max_tunnels(),
-         .state_dir = dir.path(),
-         .access = [self] { return self->desired_->access(); },
-         .now = env.now,
-         .user = config.tunnel_user(),
-         .allow = config.tunnel_allow(),
-         .instance_dial = mode->instance_dial(),
-         .instance_address = [self](const std::string& id) -> std::optional<std::string> {
-           return self->mode_->InstanceAddress(id);
-         },
-         .event =
-             [self](const std::string& kind, const std::string& message,
-                    const std::map<std::string, std::string>& attributes) {
-               (void)self->engine_->Emit(bettercompute::agent::v1::SEVERITY_WARNING, kind, message,
-                                         attributes);
-             }},
-        env.log);
-    if (!tunnels.ok()) return tunnels.status();
-    daemon->tunnels_ = *std::move(tunnels);
-    daemon->engine_->set_tunnels(daemon->tunnels_.get());
-  }
-  daemon->mode_ = std::move(mode);
+  return absl::OkStatus();
+}
+
+absl::Status Agent::StartTunnels(const Config& config, const AgentEnv& env, const Mode& mode,
+                                 const Joined& joined) {
+  absl::StatusOr<std::unique_ptr<TunnelRunner>> tunnels = TunnelRunner::Create(
+      {.node_id = joined.identity.node.id.node(),
+       .max = config.max_tunnels(),
+       .state_dir = joined.dir.path(),
+       .access = [this] { return desired_->access(); },
+       .now = env.now,
+       .user = config.tunnel_user(),
+       .allow = config.tunnel_allow(),
+       .instance_dial = mode.instance_dial(),
+       .instance_address = [this](const std::string& id) -> std::optional<std::string> {
+         return mode_->InstanceAddress(id);
+       },
+       .event =
+           [this](const std::string& kind, const std::string& message,
+                  const std::map<std::string, std::string>& attributes) {
+             (void)engine_->Emit(bettercompute::agent::v1::SEVERITY_WARNING, kind, message,
+                                 attributes);
+           }},
+      env.log);
+  if (!tunnels.ok()) return tunnels.status();
+  tunnels_ = *std::move(tunnels);
+  engine_->set_tunnels(tunnels_.get());
+  return absl::OkStatus();
+}
+
+absl::Status Agent::AttachMode(const Config& config, const AgentEnv& env, const Joined& joined) {
   ModeContext context{.config = &config,
-                      .node_id = identity->node.id.node(),
-                      .state_dir = dir.path(),
-                      .websocket = websocket,
-                      .dispatcher = daemon->dispatcher_.get(),
-                      .desired = daemon->desired_.get(),
-                      .secrets = daemon->secrets_.get(),
-                      .engine = daemon->engine_.get(),
+                      .node_id = joined.identity.node.id.node(),
+                      .state_dir = joined.dir.path(),
+                      .websocket = transport_name_ == "websocket",
+                      .dispatcher = dispatcher_.get(),
+                      .desired = desired_.get(),
+                      .secrets = secrets_.get(),
+                      .engine = engine_.get(),
                       .now = env.now,
                       .log = env.log};
-  if (absl::Status s = daemon->mode_->Attach(context); !s.ok()) return s;
+  if (absl::Status s = mode_->Attach(context); !s.ok()) return s;
   // Kinds the table gives this mode that this build cannot run yet: said once at start, and each
   // such command is refused saying so.
-  if (std::vector<std::string> unhandled = daemon->dispatcher_->Unhandled(); !unhandled.empty()) {
-    env.log->Info("kinds.not_yet", {{"mode", std::string(proto::ModeName(daemon->mode_->id()))},
+  if (std::vector<std::string> unhandled = dispatcher_->Unhandled(); !unhandled.empty()) {
+    env.log->Info("kinds.not_yet", {{"mode", std::string(proto::ModeName(mode_->id()))},
                                     {"kinds", absl::StrJoin(unhandled, ",")}});
   }
-  daemon->desired_->Reapply();
-  daemon->engine_->set_desired(daemon->desired_.get());
-  daemon->state_dir_ = dir.path();
-  daemon->transport_name_ = websocket ? "websocket" : "grpc";
-  daemon->log_ = env.log;
-  daemon->now_ = env.now;
-  absl::StatusOr<std::unique_ptr<ControlServer>> control =
-      ControlServer::Start(dir.path() / "bcd.sock", [d = daemon.get()] { return d->StatusText(); });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const Config& config,
+                                                     std::unique_ptr<Mode> mode, AgentEnv env) {
+  absl::StatusOr<Joined> joined = LoadJoined(config, env.now());
+  if (!joined.ok()) return joined.status();
+  std::unique_ptr<Agent> agent(new Agent());
+  agent->lock_.emplace(std::move(joined->lock));
+  agent->state_dir_ = joined->dir.path();
+  agent->log_ = env.log;
+  agent->now_ = env.now;
+  absl::StatusOr<RenewCall> renew = agent->StartTransport(config, env, *joined);
+  if (!renew.ok()) return renew.status();
+  if (absl::Status s = agent->StartSession(env, *mode, *joined, *std::move(renew)); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = agent->StartDispatch(env, *mode, *joined); !s.ok()) return s;
+  if (absl::Status s = agent->StartDesiredState(config, env, *joined); !s.ok()) return s;
+  if (!config.websocket()) {  // tunnels ride gRPC only
+    if (absl::Status s = agent->StartTunnels(config, env, *mode, *joined); !s.ok()) return s;
+  }
+  agent->mode_ = std::move(mode);
+  if (absl::Status s = agent->AttachMode(config, env, *joined); !s.ok()) return s;
+  agent->desired_->Reapply();
+  agent->engine_->set_desired(agent->desired_.get());
+  absl::StatusOr<std::unique_ptr<ControlServer>> control = ControlServer::Start(
+      agent->state_dir_ / "bcd.sock", [a = agent.get()] { return a->StatusText(); });
   if (!control.ok()) return control.status();
-  daemon->control_ = *std::move(control);
-  return daemon;
+  agent->control_ = *std::move(control);
+  return agent;
 }
 
 Agent::~Agent() {

@@ -16,6 +16,7 @@
 #include "daemon/identity.h"
 #include "daemon/log.h"
 #include "daemon/mode.h"
+#include "daemon/renew.h"
 #include "daemon/results.h"
 #include "daemon/session.h"
 #include "proto/kinds.h"
@@ -71,6 +72,18 @@ class Agent {
 
  private:
   Agent() = default;
+  struct Joined;  // the locked state dir, the identity in it and its trust
+  static absl::StatusOr<Joined> LoadJoined(const Config& config, int64_t now);
+  // The steps of Create, in order; each sets the parts it names.
+  absl::StatusOr<RenewCall> StartTransport(const Config& config, const AgentEnv& env,
+                                           const Joined& joined);
+  absl::Status StartSession(const AgentEnv& env, const Mode& mode, Joined& joined, RenewCall renew);
+  absl::Status StartDispatch(const AgentEnv& env, const Mode& mode, const Joined& joined);
+  absl::Status StartDesiredState(const Config& config, const AgentEnv& env, const Joined& joined);
+  absl::Status StartTunnels(const Config& config, const AgentEnv& env, const Mode& mode,
+                            const Joined& joined);
+  absl::Status AttachMode(const Config& config, const AgentEnv& env, const Joined& joined);
+
   std::optional<StateDirLock> lock_;  // first: released after everything else is closed
   std::unique_ptr<transport::Transport> transport_;
   std::unique_ptr<SessionEngine> engine_;

@@ -201,32 +201,60 @@ bool IsCommandId(std::string_view id) {
   });
 }
 
-void Dispatcher::Submit(const v1::SignedCommand& signed_command, const pki::TrustState& trust,
-                        bool upgrade_required, bool signed_only) {
-  auto job = std::make_shared<Job>();
-  if (absl::Status s = proto::DecodeMessage(signed_command.body(), &job->command); !s.ok()) {
-    log_->Warn("command.undecodable", {{"error", std::string(ToStd(s.message()))}});
-    return;  // no command id to answer
-  }
-  const v1::Command& command = job->command;
-  const std::string& id = command.command_id();
-  if (id.empty()) {
-    log_->Warn("command.undecodable", {{"error", "no command_id"}});
-    return;
-  }
+struct Dispatcher::Admission {
+  const v1::SignedCommand& signed_command;
+  const pki::TrustState& trust;
+  std::shared_ptr<Job> job;
+  std::string body_sha256;
   // Refusals of what did not verify are answered but not remembered: anyone who can put a frame
   // on the session could otherwise fill the disk with them. Only a command whose signature
   // verified has its refusal kept like a result.
   bool verified = false;
-  std::string body_sha256 = pki::Sha256(signed_command.body());
-  auto refuse = [&](v1::CommandCode code, const std::string& message) {
-    Reject(id, code, message, verified ? std::optional<std::string>(body_sha256) : std::nullopt);
-  };
+  int64_t now = 0;
+  const proto::KindSpec* kind = nullptr;
+  CommandHandler* handler = nullptr;
+};
+
+void Dispatcher::Submit(const v1::SignedCommand& signed_command, const pki::TrustState& trust,
+                        bool upgrade_required, bool signed_only) {
+  Admission a{.signed_command = signed_command, .trust = trust, .job = std::make_shared<Job>()};
+  if (absl::Status s = proto::DecodeMessage(signed_command.body(), &a.job->command); !s.ok()) {
+    log_->Warn("command.undecodable", {{"error", std::string(ToStd(s.message()))}});
+    return;  // no command id to answer
+  }
+  if (a.job->command.command_id().empty()) {
+    log_->Warn("command.undecodable", {{"error", "no command_id"}});
+    return;
+  }
+  a.body_sha256 = pki::Sha256(signed_command.body());
+  Step stop = Remembered(a);
+  if (!stop) stop = ForThisNodeAndNow(a);
+  if (!stop) stop = Signature(a, signed_only);
+  if (!stop) stop = Approvals(a);
+  if (!stop) stop = KindOfThisMode(a, upgrade_required);
+  if (!stop) stop = Payload(a);
+  if (!stop) stop = RoomForTheResult(a);
+  if (!stop) stop = HourlyLimit(a);
+  if (!stop) return Enqueue(a);
+  if (stop->code) Refuse(a, *stop);
+}
+
+void Dispatcher::Refuse(const Admission& a, const Stop& stop) {
+  const std::string& id = a.job->command.command_id();
+  v1::CommandCode code = *stop.code;
+  const std::string& message = stop.message;
+  bool verified = a.verified && !stop.never_remembered;
+  const std::string& body_sha256 = a.body_sha256;
+  Reject(id, code, message, verified ? std::optional<std::string>(body_sha256) : std::nullopt);
+}
+
+Dispatcher::Step Dispatcher::Remembered(Admission& a) {
+  const std::string& id = a.job->command.command_id();
   if (!IsCommandId(id)) {
-    return refuse(v1::COMMAND_CODE_INVALID_PAYLOAD,
-                  fmt::format("command_id must be 1 to {} letters, digits and -_.: starting with a "
-                              "letter or digit",
-                              kMaxCommandIdBytes));
+    return Stop{v1::COMMAND_CODE_INVALID_PAYLOAD,
+                fmt::format("command_id must be 1 to {} letters, digits and -_.: starting with a "
+                            "letter or digit",
+                            kMaxCommandIdBytes)};
   }
   std::optional<ResultStore::Stored> done;
   bool in_hand = false, same = false;
@@ -235,133 +263,166 @@ void Dispatcher::Submit(const v1::SignedCommand& signed_command, const pki::Trus
     done = results_->Lookup(id);
     if (auto it = active_.find(id); it != active_.end()) {
       in_hand = true;
-      same = it->second->body == signed_command.body();
+      same = it->second->body == a.signed_command.body();
     }
   }
-  if (done && !done->body_sha256.empty() && done->body_sha256 != body_sha256) {
+  if (done && !done->body_sha256.empty() && done->body_sha256 != a.body_sha256) {
     // Not remembered as the id's result: that is the first command's.
-    return refuse(v1::COMMAND_CODE_DUPLICATE,
-                  "a different command with this id was answered before");
+    return Stop{v1::COMMAND_CODE_DUPLICATE, "a different command with this id was answered before"};
   }
   if (done) {
     log_->Info("command.redelivered", {{"command_id", id}});
     hooks_.update(done->update);  // answered from memory: it never runs twice
-    return;
+    return Stop{};
   }
-  if (in_hand && same) return;  // a redelivery of what is queued or running
+  if (in_hand && same) return Stop{};  // a redelivery of what is queued or running
   if (in_hand) {
-    return refuse(v1::COMMAND_CODE_DUPLICATE, "a different command with this id is in hand");
+    return Stop{v1::COMMAND_CODE_DUPLICATE, "a different command with this id is in hand"};
   }
+  return std::nullopt;
+}
+
+Dispatcher::Step Dispatcher::ForThisNodeAndNow(Admission& a) {
+  const v1::Command& command = a.job->command;
   if (command.node_id() != node_id_) {
-    return refuse(
+    return Stop{
         v1::COMMAND_CODE_WRONG_NODE,
-        fmt::format("the command is for node \"{}\", this is \"{}\"", command.node_id(), node_id_));
+        fmt::format("the command is for node \"{}\", this is \"{}\"", command.node_id(), node_id_)};
   }
-  int64_t now = hooks_.now();
-  if (absl::Status s = CheckLifetime(command, now); !s.ok()) {
-    return refuse(v1::COMMAND_CODE_EXPIRED, std::string(ToStd(s.message())));
+  a.now = hooks_.now();
+  if (absl::Status s = CheckLifetime(command, a.now); !s.ok()) {
+    return Stop{v1::COMMAND_CODE_EXPIRED, std::string(ToStd(s.message()))};
   }
-  const proto::KindSpec* kind = proto::FindKind(command.kind());
-  bool signing_on = !trust.command_signing_roots().empty();
+  a.kind = proto::FindKind(command.kind());
+  return std::nullopt;
+}
+
+Dispatcher::Step Dispatcher::Signature(Admission& a, bool signed_only) {
+  const v1::SignedCommand& signed_command = a.signed_command;
+  bool signing_on = !a.trust.command_signing_roots().empty();
   bool has_signature = !signed_command.signature().sig().empty();
   std::string input = proto::BodySigningInput(proto::Purpose::kCommand, signed_command.body());
   if (has_signature && signing_on) {
     if (absl::Status s = pki::VerifyWithChain(input, signed_command.signature(),
-                                              trust.command_signing_roots(), now);
+                                              a.trust.command_signing_roots(), a.now);
         !s.ok()) {
-      return refuse(v1::COMMAND_CODE_BAD_SIGNATURE,
-                    fmt::format("signature: {}", ToStd(s.message())));
+      return Stop{v1::COMMAND_CODE_BAD_SIGNATURE, fmt::format("signature: {}", ToStd(s.message()))};
     }
-    verified = true;
+    a.verified = true;
   } else if (signed_only && !signing_on) {
-    return refuse(v1::COMMAND_CODE_BAD_SIGNATURE,
-                  "this session takes only signed commands and the trust bundle has no "
-                  "command-signing roots to verify them with");
-  } else if (signed_only || (signing_on && kind != nullptr && kind->Has(proto::kSigned))) {
-    return refuse(v1::COMMAND_CODE_UNSIGNED,
-                  signed_only ? "this session takes only signed commands"
-                              : fmt::format("{} commands must be signed", command.kind()));
+    return Stop{v1::COMMAND_CODE_BAD_SIGNATURE,
+                "this session takes only signed commands and the trust bundle has no "
+                "command-signing roots to verify them with"};
+  } else if (signed_only || (signing_on && a.kind != nullptr && a.kind->Has(proto::kSigned))) {
+    return Stop{v1::COMMAND_CODE_UNSIGNED,
+                signed_only ? "this session takes only signed commands"
+                            : fmt::format("{} commands must be signed", a.job->command.kind())};
   }
-  bool quorum = kind != nullptr && kind->Has(proto::kQuorum);
-  if (quorum) {
-    absl::Status approved =
-        pki::CheckApprovals(signed_command.body(), command, signed_command.approvals(),
-                            signed_command.batch_manifest(), node_id_, trust.approvers());
-    if (!approved.ok()) {
-      v1::CommandCode code =
-          approved.code() == absl::StatusCode::kUnauthenticated   ? v1::COMMAND_CODE_BAD_SIGNATURE
-          : approved.code() == absl::StatusCode::kInvalidArgument ? v1::COMMAND_CODE_INVALID_PAYLOAD
-                                                                  : v1::COMMAND_CODE_QUORUM;
-      return refuse(code, std::string(ToStd(approved.message())));
-    }
+  return std::nullopt;
+}
+
+Dispatcher::Step Dispatcher::Approvals(Admission& a) {
+  if (a.kind == nullptr || !a.kind->Has(proto::kQuorum)) return std::nullopt;
+  absl::Status approved =
+      pki::CheckApprovals(a.signed_command.body(), a.job->command, a.signed_command.approvals(),
+                          a.signed_command.batch_manifest(), node_id_, a.trust.approvers());
+  if (approved.ok()) return std::nullopt;
+  v1::CommandCode code =
+      approved.code() == absl::StatusCode::kUnauthenticated   ? v1::COMMAND_CODE_BAD_SIGNATURE
+      : approved.code() == absl::StatusCode::kInvalidArgument ? v1::COMMAND_CODE_INVALID_PAYLOAD
+                                                              : v1::COMMAND_CODE_QUORUM;
+  return Stop{code, std::string(ToStd(approved.message()))};
+}
+
+Dispatcher::Step Dispatcher::KindOfThisMode(Admission& a, bool upgrade_required) {
+  const std::string& kind = a.job->command.kind();
+  if (a.kind == nullptr || !a.kind->RunsIn(mode_)) {
+    return Stop{v1::COMMAND_CODE_UNSUPPORTED,
+                fmt::format("kind \"{}\" is not supported by this {} daemon", kind,
+                            proto::ModeName(mode_))};
   }
-  auto handler = handlers_.find(command.kind());
-  if (kind == nullptr || !kind->RunsIn(mode_)) {
-    return refuse(v1::COMMAND_CODE_UNSUPPORTED,
-                  fmt::format("kind \"{}\" is not supported by this {} daemon", command.kind(),
-                              proto::ModeName(mode_)));
-  }
+  auto handler = handlers_.find(kind);
   if (handler == handlers_.end()) {
-    return refuse(v1::COMMAND_CODE_UNSUPPORTED,
-                  fmt::format("kind \"{}\" is a {} mode kind this build does not run yet",
-                              command.kind(), proto::ModeName(mode_)));
+    return Stop{v1::COMMAND_CODE_UNSUPPORTED,
+                fmt::format("kind \"{}\" is a {} mode kind this build does not run yet", kind,
+                            proto::ModeName(mode_))};
   }
-  if (upgrade_required && !kind->Has(proto::kUpgradeOk)) {
-    return refuse(v1::COMMAND_CODE_UNSUPPORTED,
-                  "the gateway requires an upgrade: only daemon.upgrade runs until then");
+  if (upgrade_required && !a.kind->Has(proto::kUpgradeOk)) {
+    return Stop{v1::COMMAND_CODE_UNSUPPORTED,
+                "the gateway requires an upgrade: only daemon.upgrade runs until then"};
   }
+  a.handler = handler->second.get();
+  return std::nullopt;
+}
+
+Dispatcher::Step Dispatcher::Payload(Admission& a) {
+  const v1::Command& command = a.job->command;
   const google::protobuf::Descriptor* type =
       google::protobuf::DescriptorPool::generated_pool()->FindMessageTypeByName(
-          std::string(kind->payload_type));
-  job->payload.reset(
+          std::string(a.kind->payload_type));
+  a.job->payload.reset(
       google::protobuf::MessageFactory::generated_factory()->GetPrototype(type)->New());
-  if (absl::Status s = proto::DecodeMessage(command.payload(), job->payload.get()); !s.ok()) {
-    return refuse(v1::COMMAND_CODE_INVALID_PAYLOAD, std::string(ToStd(s.message())));
+  if (absl::Status s = proto::DecodeMessage(command.payload(), a.job->payload.get()); !s.ok()) {
+    return Stop{v1::COMMAND_CODE_INVALID_PAYLOAD, std::string(ToStd(s.message()))};
   }
-  if (absl::Status s = handler->second->Validate(command, *job->payload); !s.ok()) {
-    return refuse(v1::COMMAND_CODE_INVALID_PAYLOAD, std::string(ToStd(s.message())));
+  if (absl::Status s = a.handler->Validate(command, *a.job->payload); !s.ok()) {
+    return Stop{v1::COMMAND_CODE_INVALID_PAYLOAD, std::string(ToStd(s.message()))};
   }
-  job->lane_key = handler->second->LaneKey(command, *job->payload);
-  // Taken only when its result will fit: a command that runs is always remembered.
+  a.job->lane_key = a.handler->LaneKey(command, *a.job->payload);
+  return std::nullopt;
+}
+
+// Taken only when its result will fit: a command that runs is always remembered.
+Dispatcher::Step Dispatcher::RoomForTheResult(Admission& a) {
   absl::Status room;
   bool newly_full = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    room = results_->Room(now);
+    room = results_->Room(a.now);
     newly_full = !room.ok() && !results_full_;
     results_full_ = !room.ok();
   }
-  if (!room.ok()) {
-    std::string why(ToStd(room.message()));
-    if (newly_full && hooks_.event) hooks_.event("results.full", why);
-    return Reject(id, v1::COMMAND_CODE_BUSY, why, std::nullopt);
+  if (room.ok()) return std::nullopt;
+  std::string why(ToStd(room.message()));
+  if (newly_full && hooks_.event) hooks_.event("results.full", why);
+  return Stop{v1::COMMAND_CODE_BUSY, why, /*never_remembered=*/true};
+}
+
+Dispatcher::Step Dispatcher::HourlyLimit(Admission& a) {
+  if (!a.kind->Has(proto::kQuorum) || !a.job->command.batch_id().empty() ||
+      a.trust.approvers().empty()) {
+    return std::nullopt;
   }
-  if (quorum && command.batch_id().empty() && !trust.approvers().empty()) {
-    absl::Status limited;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      limited = results_->TakeHourly(now, trust.approvers().unbatched_destructive_per_hour());
-    }
-    if (absl::IsResourceExhausted(limited)) {
-      return refuse(v1::COMMAND_CODE_RATE_LIMITED, std::string(ToStd(limited.message())));
-    }
-    if (!limited.ok()) {
-      return refuse(
-          v1::COMMAND_CODE_INTERNAL,
-          fmt::format("the hourly count of destructive commands could not be recorded: {}",
-                      ToStd(limited.message())));
-    }
+  absl::Status limited;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    limited = results_->TakeHourly(a.now, a.trust.approvers().unbatched_destructive_per_hour());
   }
+  if (absl::IsResourceExhausted(limited)) {
+    return Stop{v1::COMMAND_CODE_RATE_LIMITED, std::string(ToStd(limited.message()))};
+  }
+  if (!limited.ok()) {
+    return Stop{v1::COMMAND_CODE_INTERNAL,
+                fmt::format("the hourly count of destructive commands could not be recorded: {}",
+                            ToStd(limited.message()))};
+  }
+  return std::nullopt;
+}
+
+void Dispatcher::Enqueue(Admission& a) {
+  std::shared_ptr<Job> job = a.job;
+  const std::string& id = job->command.command_id();
+  const proto::KindSpec* kind = a.kind;
   job->kind = kind;
-  job->body = signed_command.body();
-  job->body_sha256 = body_sha256;
+  job->body = a.signed_command.body();
+  job->body_sha256 = a.body_sha256;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return;
     // The marker tells a restart what it interrupted. An idempotent kind may simply run again,
     // so it goes without (one sync less on the way of the cheapest commands).
     absl::Status s = kind->Has(proto::kIdempotent) ? absl::OkStatus()
-                                                   : results_->MarkRunning(id, command.kind());
+                                                   : results_->MarkRunning(id, job->command.kind());
     if (!s.ok()) {
       log_->Warn("command.not_recorded",
                  {{"command_id", id}, {"error", std::string(ToStd(s.message()))}});

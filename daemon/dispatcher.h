@@ -164,6 +164,27 @@ class Dispatcher {
  private:
   struct Job;
   struct Lane;
+  // One command on its way in, and what the admission steps learn of it.
+  struct Admission;
+  // What an admission step decided when it stops the command: refused with a code, or (no code)
+  // answered already.
+  struct Stop {
+    std::optional<bettercompute::agent::v1::CommandCode> code;
+    std::string message;
+    bool never_remembered = false;  // a refusal that is not the id's result even when verified
+  };
+  using Step = std::optional<Stop>;  // nullopt: on to the next step
+  // The admission steps, in the order Submit takes them (see the top of this file).
+  Step Remembered(Admission& a);  // the id's form, and whether it was answered or is in hand
+  Step ForThisNodeAndNow(Admission& a);
+  Step Signature(Admission& a, bool signed_only);
+  Step Approvals(Admission& a);
+  Step KindOfThisMode(Admission& a, bool upgrade_required);
+  Step Payload(Admission& a);
+  Step RoomForTheResult(Admission& a);
+  Step HourlyLimit(Admission& a);
+  void Enqueue(Admission& a);
+  void Refuse(const Admission& a, const Stop& stop);
   // Sends REJECTED; with `remember_with_body` (the SHA-256 of the command body) it is recorded as
   // the id's result too.
   void Reject(const std::string& id, bettercompute::agent::v1::CommandCode code,
