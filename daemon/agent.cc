@@ -134,7 +134,7 @@ std::string BootId() {
 
 absl::StatusOr<RenewCall> Agent::StartTransport(const Config& config, const AgentEnv& env,
                                                 const Joined& joined) {
-  transport::ChannelSpec spec = GatewayChannel(config);
+  transport::ChannelSpec spec = GatewayChannel(config, env.now);
   spec.keepalive_time = env.keepalive_time;
   spec.keepalive_timeout = env.keepalive_timeout;
   StateDir dir = joined.dir;
@@ -152,7 +152,7 @@ absl::StatusOr<RenewCall> Agent::StartTransport(const Config& config, const Agen
     return GrpcRenewCall(spec);
   }
   if (absl::Status s = RequireSigningRoots(config, joined.trust); !s.ok()) return s;
-  absl::StatusOr<transport::WebSocketSpec> ws = WebSocketChannel(config);
+  absl::StatusOr<transport::WebSocketSpec> ws = WebSocketChannel(config, env.now);
   if (!ws.ok()) return ws.status();
   ws->keepalive_time = env.keepalive_time;
   ws->keepalive_timeout = env.keepalive_timeout;
@@ -160,8 +160,7 @@ absl::StatusOr<RenewCall> Agent::StartTransport(const Config& config, const Agen
   pki::PublicKey join_service_key = joined.identity.join_service_key;
   transport_name_ = "websocket";
   transport_ = std::make_unique<transport::WebSocketTransport>(
-      *ws,
-      [dir, join_service_key]() -> absl::StatusOr<transport::WsNodeIdentity> {
+      *ws, [dir, join_service_key]() -> absl::StatusOr<transport::WsNodeIdentity> {
         // Re-read at every dial: a renewal takes effect on the next one, and a trust bundle
         // that dropped the signing roots stops the dialing.
         absl::StatusOr<Identity> identity = dir.LoadIdentity();
@@ -174,8 +173,7 @@ absl::StatusOr<RenewCall> Agent::StartTransport(const Config& config, const Agen
               "dialed");
         }
         return transport::WsNodeIdentity{identity->key, identity->chain, identity->node.id.node()};
-      },
-      env.now);
+      });
   return HttpsRenewCall(*ws);
 }
 

@@ -9,9 +9,10 @@
 
 namespace bcd {
 
-transport::ChannelSpec GatewayChannel(const Config& config) {
+transport::ChannelSpec GatewayChannel(const Config& config, std::function<int64_t()> now) {
   const Url& url = *config.gateway_url();
   transport::ChannelSpec spec;
+  spec.now = std::move(now);
   bool ipv6 = url.host().find(':') != std::string::npos;
   spec.target = ipv6 ? fmt::format("[{}]:{}", url.host(), url.port())
                      : fmt::format("{}:{}", url.host(), url.port());
@@ -21,9 +22,11 @@ transport::ChannelSpec GatewayChannel(const Config& config) {
   return spec;
 }
 
-absl::StatusOr<transport::WebSocketSpec> WebSocketChannel(const Config& config) {
+absl::StatusOr<transport::WebSocketSpec> WebSocketChannel(const Config& config,
+                                                          std::function<int64_t()> now) {
   const WebSocketConfig& ws = *config.websocket();
   transport::WebSocketSpec spec;
+  spec.now = std::move(now);
   spec.host = ws.url.host();
   spec.port = ws.url.port();
   spec.path = ws.url.path().empty() ? "/" : ws.url.path();

@@ -10,11 +10,12 @@
 namespace bcd {
 
 // Requires a config with gateway_url and gateway_ca_spki_sha256 (every parsed config has them).
-transport::ChannelSpec GatewayChannel(const Config& config);
+transport::ChannelSpec GatewayChannel(const Config& config, std::function<int64_t()> now);
 
 // The [websocket] section as a transport spec: the URL, the name the serving leaf must carry (the
 // URL's host, or gateway_server_name when the URL names an IP), the pin, and proxy_ca_file read
 // now (an error names the file). Requires config.websocket().
-absl::StatusOr<transport::WebSocketSpec> WebSocketChannel(const Config& config);
+absl::StatusOr<transport::WebSocketSpec> WebSocketChannel(const Config& config,
+                                                          std::function<int64_t()> now);
 
 }  // namespace bcd

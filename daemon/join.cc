@@ -94,7 +94,7 @@ absl::StatusOr<Identity> JoinFleet(const Config& config, const JoinSpec& spec) {
   if (!csr.ok()) return csr.status();
 
   auto log = std::make_shared<transport::VerificationLog>();
-  transport::ChannelSpec channel_spec = GatewayChannel(config);
+  transport::ChannelSpec channel_spec = GatewayChannel(config, spec.now);
   channel_spec.log = log;
   auto stub = v1::AgentGateway::NewStub(transport::MakeChannel(channel_spec));
 

@@ -43,8 +43,11 @@ Protocol = -SSLv3, -TLSv1, -TLSv1.1, -TLSv1.2
 class PinnedCaVerifier : public grpc::experimental::ExternalCertificateVerifier {
  public:
   PinnedCaVerifier(std::array<uint8_t, 32> pin, std::string server_name,
-                   std::shared_ptr<VerificationLog> log)
-      : pin_(pin.begin(), pin.end()), server_name_(std::move(server_name)), log_(std::move(log)) {}
+                   std::shared_ptr<VerificationLog> log, std::function<int64_t()> now)
+      : pin_(pin.begin(), pin.end()),
+        server_name_(std::move(server_name)),
+        log_(std::move(log)),
+        now_(std::move(now)) {}
 
   bool Verify(grpc::experimental::TlsCustomVerificationCheckRequest* request,
               std::function<void(grpc::Status)>, grpc::Status* sync_status) override {
@@ -66,12 +69,14 @@ class PinnedCaVerifier : public grpc::experimental::ExternalCertificateVerifier 
   absl::Status Check(const std::string& chain_pem) const {
     absl::StatusOr<std::vector<pki::Certificate>> chain = pki::ParsePemChain(chain_pem);
     if (!chain.ok()) return absl::UnauthenticatedError("the gateway sent no certificate chain");
-    return CheckPinnedChain(*chain, pin_, server_name_, std::time(nullptr));
+    if (!now_) return absl::InternalError("no clock to check the gateway's certificates against");
+    return CheckPinnedChain(*chain, pin_, server_name_, now_());
   }
 
   std::string pin_;
   std::string server_name_;
   std::shared_ptr<VerificationLog> log_;
+  std::function<int64_t()> now_;
 };
 
 }  // namespace
@@ -188,7 +193,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const ChannelSpec& spec) {
   options.set_check_call_host(false);
   options.set_certificate_verifier(
       grpc::experimental::ExternalCertificateVerifier::Create<PinnedCaVerifier>(
-          spec.ca_spki_sha256, spec.server_name, spec.log));
+          spec.ca_spki_sha256, spec.server_name, spec.log, spec.now));
   grpc::ChannelArguments args;
   args.SetSslTargetNameOverride(spec.server_name);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(spec.keepalive_time.count()));

@@ -7,6 +7,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -59,6 +60,9 @@ struct ChannelSpec {
   std::array<uint8_t, 32> ca_spki_sha256{};
   std::optional<ClientIdentity> identity;  // absent for Join (server-authenticated TLS)
   std::shared_ptr<VerificationLog> log;    // optional
+  // Unix seconds: the gateway's certificates are checked against it. Required (a spec without a
+  // clock verifies nothing).
+  std::function<int64_t()> now;
   // HTTP/2 PING every keepalive_time; no answer within keepalive_timeout ends the connection.
   std::chrono::milliseconds keepalive_time = std::chrono::seconds(20);
   std::chrono::milliseconds keepalive_timeout = std::chrono::seconds(20);

@@ -112,9 +112,10 @@ Refusal Unavailable(std::string message, std::string reason = "") {
 
 // TLS verification of the gateway (or of the inspecting proxy), per connection.
 struct TlsTrust {
-  std::string pin;          // pinned serving CA (when no proxy CA)
-  std::string server_name;  // the name the leaf must carry
-  std::string failure;      // why the last verification failed
+  std::string pin;               // pinned serving CA (when no proxy CA)
+  std::string server_name;       // the name the leaf must carry
+  std::function<int64_t()> now;  // what the certificates' validity is checked against
+  std::string failure;           // why the last verification failed
 };
 
 int PinnedVerify(X509_STORE_CTX* store, void* arg) {
@@ -131,7 +132,9 @@ int PinnedVerify(X509_STORE_CTX* store, void* arg) {
     OPENSSL_free(der);
     if (parsed.ok()) chain.push_back(*std::move(parsed));
   }
-  absl::Status status = CheckPinnedChain(chain, trust->pin, trust->server_name, std::time(nullptr));
+  absl::Status status =
+      trust->now ? CheckPinnedChain(chain, trust->pin, trust->server_name, trust->now())
+                 : absl::InternalError("no clock to check the gateway's certificates against");
   if (status.ok()) return 1;
   trust->failure = std::string(ToStd(status.message()));
   X509_STORE_CTX_set_error(store, X509_V_ERR_APPLICATION_VERIFICATION);
@@ -155,6 +158,7 @@ absl::StatusOr<std::shared_ptr<ssl::context>> ClientContext(const WebSocketSpec&
   } else {
     trust->pin = spec.ca_spki_sha256;
     trust->server_name = spec.server_name;
+    trust->now = spec.now;
     SSL_CTX_set_cert_verify_callback(context->native_handle(), PinnedVerify, trust);
   }
   return context;
@@ -741,14 +745,13 @@ class Listener final : public WsListener {
 }  // namespace
 
 WebSocketTransport::WebSocketTransport(WebSocketSpec spec,
-                                       std::function<absl::StatusOr<WsNodeIdentity>()> identity,
-                                       std::function<int64_t()> now)
-    : spec_(std::move(spec)), identity_(std::move(identity)), now_(std::move(now)) {}
+                                       std::function<absl::StatusOr<WsNodeIdentity>()> identity)
+    : spec_(std::move(spec)), identity_(std::move(identity)) {}
 
 absl::StatusOr<std::unique_ptr<FrameStream>> WebSocketTransport::OpenSession() {
   absl::StatusOr<WsNodeIdentity> identity = identity_();
   if (!identity.ok()) return identity.status();
-  return std::unique_ptr<FrameStream>(new WsFrameStream(spec_, std::move(identity), now_));
+  return std::unique_ptr<FrameStream>(new WsFrameStream(spec_, std::move(identity), spec_.now));
 }
 
 absl::StatusOr<HttpAnswer> HttpsPost(const WebSocketSpec& spec, std::string_view target,

@@ -45,6 +45,9 @@ struct WebSocketSpec {
   std::chrono::milliseconds keepalive_time = std::chrono::seconds(20);
   std::chrono::milliseconds keepalive_timeout = std::chrono::seconds(20);
   std::chrono::milliseconds dial_timeout = std::chrono::seconds(30);
+  // Unix seconds: certificates and the gateway's proof are checked against it, and the node's
+  // proof is dated with it. Required.
+  std::function<int64_t()> now;
 };
 
 // The node's identity for one dial (re-read each time, so a renewal applies to the next).
@@ -56,8 +59,7 @@ struct WsNodeIdentity {
 
 class WebSocketTransport final : public Transport {
  public:
-  WebSocketTransport(WebSocketSpec spec, std::function<absl::StatusOr<WsNodeIdentity>()> identity,
-                     std::function<int64_t()> now);
+  WebSocketTransport(WebSocketSpec spec, std::function<absl::StatusOr<WsNodeIdentity>()> identity);
   // Returns at once; the dial runs on the stream's own thread, and a failed dial, a refused
   // upgrade or a gateway without a valid proof shows as the stream's end (Finish), with the
   // gateway's reason and pushback, like a refused gRPC call.
@@ -66,7 +68,6 @@ class WebSocketTransport final : public Transport {
  private:
   WebSocketSpec spec_;
   std::function<absl::StatusOr<WsNodeIdentity>()> identity_;
-  std::function<int64_t()> now_;
 };
 
 // One HTTPS request to the WebSocket origin (POST /v1/renew), through the same proxy and TLS

@@ -153,7 +153,8 @@ int main(int argc, char** argv) {
   bcd::Identity identity = *state.LoadIdentity();
   std::string chain_pem;
   for (const auto& cert : identity.chain) chain_pem += cert.Pem();
-  bcd::transport::GrpcTransport grpc(bcd::GatewayChannel(grpc_config), [&] {
+  auto clock = [] { return static_cast<int64_t>(std::time(nullptr)); };
+  bcd::transport::GrpcTransport grpc(bcd::GatewayChannel(grpc_config, clock), [&] {
     return absl::StatusOr<bcd::transport::ClientIdentity>(
         bcd::transport::ClientIdentity{identity.key.ToPem(), chain_pem});
   });
@@ -161,16 +162,15 @@ int main(int argc, char** argv) {
     return absl::StatusOr<bcd::transport::WsNodeIdentity>(
         bcd::transport::WsNodeIdentity{identity.key, identity.chain, identity.node.id.node()});
   };
-  auto clock = [] { return static_cast<int64_t>(std::time(nullptr)); };
-  bcd::transport::WebSocketSpec direct_spec = *bcd::WebSocketChannel(ws_config_parsed);
+  bcd::transport::WebSocketSpec direct_spec = *bcd::WebSocketChannel(ws_config_parsed, clock);
   direct_spec.env = [](const char*) { return std::optional<std::string>(); };
   bcd::transport::WebSocketSpec proxied_spec = direct_spec;
   proxied_spec.env = [&](const char* name) {
     return std::string(name) == "https_proxy" ? std::optional<std::string>(proxy_url)
                                               : std::optional<std::string>();
   };
-  bcd::transport::WebSocketTransport direct(direct_spec, ws_identity, clock);
-  bcd::transport::WebSocketTransport proxied(proxied_spec, ws_identity, clock);
+  bcd::transport::WebSocketTransport direct(direct_spec, ws_identity);
+  bcd::transport::WebSocketTransport proxied(proxied_spec, ws_identity);
   std::vector<double> grpc_dials, ws_dials, proxied_dials;
   for (int i = 0; i < runs; ++i) {
     grpc_dials.push_back(DialToWelcome(grpc));

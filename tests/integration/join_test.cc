@@ -53,7 +53,7 @@ class Join : public ::testing::Test {
                .root = dir_.path() / "no-such-root",
                .architecture = "x86_64",
                .runner = nullptr,
-               .now = [] { return static_cast<uint64_t>(std::time(nullptr)); },
+               .now = now_,
                .sleep = [this](std::chrono::seconds s) { sleeps_.push_back(s); },
                .default_config = dir_.path() / "config.toml"};
     int code = RunCli(args, env);
@@ -64,6 +64,7 @@ class Join : public ::testing::Test {
   DevPki pki_;
   std::unique_ptr<DevGateway> gateway_;
   std::vector<std::chrono::seconds> sleeps_;
+  std::function<uint64_t()> now_ = [] { return static_cast<uint64_t>(std::time(nullptr)); };
 };
 
 // The installer's way: the token on stdin (never on a command line, where ps shows it), or in a
@@ -151,6 +152,16 @@ TEST_F(Join, RefusesAGatewayThatIsNotUnderThePinnedCa) {
             "bcd join: cannot reach the gateway at 127.0.0.1:" + std::to_string(gateway_->port()) +
                 ": the gateway's certificate chain does not lead to the pinned CA (SPKI sha256 " +
                 other.ServingCaPinHex() + ")\n");
+  EXPECT_EQ(gateway_->join_calls(), 0);
+}
+
+// The gateway's certificates are checked against bcd's clock (the one the CLI is given), not the
+// system's behind its back: twenty years on, the dev gateway's serving certificate has expired.
+TEST_F(Join, ChecksTheGatewayCertificateAgainstItsOwnClock) {
+  now_ = [] { return static_cast<uint64_t>(std::time(nullptr)) + 20ull * 365 * 86400; };
+  Result r = Run({"join", "--token", gateway_->AddJoinToken("n-1")});
+  EXPECT_EQ(r.code, kExitOther);
+  EXPECT_NE(r.err.find("certificate has expired"), std::string::npos) << r.err;
   EXPECT_EQ(gateway_->join_calls(), 0);
 }
 

@@ -248,7 +248,7 @@ TEST_F(WebSocket, RenewalRefusesASupersededCertificateAndARevokedNode) {
   StartDaemon(config);
   ASSERT_TRUE(daemon_->WaitForRenewals(1, seconds(30)));
   // The certificate from before the renewal (a copy someone kept) cannot renew any more.
-  transport::WebSocketSpec spec = *WebSocketChannel(config);
+  transport::WebSocketSpec spec = *WebSocketChannel(config, Now);
   spec.env = [](const char*) { return std::optional<std::string>(); };
   StateDir copy = *StateDir::Open(dir_.path() / "copy");
   transport::Refusal refusal;
