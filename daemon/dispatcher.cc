@@ -303,8 +303,8 @@ Dispatcher::Step Dispatcher::Signature(Admission& a, bool signed_only) {
   bool has_signature = !signed_command.signature().sig().empty();
   std::string input = proto::BodySigningInput(proto::Purpose::kCommand, signed_command.body());
   if (has_signature && signing_on) {
-    if (absl::Status s = pki::VerifyWithChain(input, signed_command.signature(),
-                                              a.trust.command_signing_roots(), a.now);
+    if (absl::Status s = chains_.Verify(input, signed_command.signature(),
+                                        a.trust.command_signing_roots(), a.now);
         !s.ok()) {
       return Stop{v1::COMMAND_CODE_BAD_SIGNATURE, fmt::format("signature: {}", ToStd(s.message()))};
     }

@@ -31,6 +31,7 @@
 #include "daemon/log.h"
 #include "daemon/results.h"
 #include "pki/approvals.h"
+#include "pki/envelope.h"
 #include "pki/trust.h"
 #include "proto/kinds.h"
 
@@ -204,6 +205,7 @@ class Dispatcher {
   DispatcherHooks hooks_;
   Logger* log_;
   std::map<std::string, std::unique_ptr<CommandHandler>> handlers_;
+  pki::ChainVerifier chains_;  // the worker chains that verified
 
   std::mutex mu_;
   std::condition_variable cv_;

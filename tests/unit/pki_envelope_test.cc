@@ -120,6 +120,11 @@ TEST_F(WorkerChain, RefusesAnExpiredWorker) {
 }
 
 TEST_F(WorkerChain, ARememberedChainDecidesAsAFullVerificationWould) {
+  ChainVerifier verifier;
+  auto VerifyWithChain = [&](std::string_view input, const auto& signature,
+                             const std::vector<Certificate>& anchors, int64_t now) {
+    return verifier.Verify(input, signature, anchors, now);
+  };
   auto sig = *Sign(input_, worker_, "worker-1", {worker_cert_.Der()});
   ASSERT_TRUE(VerifyWithChain(input_, sig, {root_}, now_).ok());  // remembered from here on
   EXPECT_TRUE(VerifyWithChain(input_, sig, {root_}, now_ + 1).ok());
