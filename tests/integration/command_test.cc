@@ -26,6 +26,7 @@
 #include "testing/child_process.h"
 #include "testing/dev_gateway.h"
 #include "testing/upload_sink.h"
+#include "testing/wait.h"
 #include "tests/unit/fake_root.h"
 
 namespace bcd {
@@ -325,13 +326,13 @@ TEST_F(Commands, LogsCollectFailuresSayWhatWentWrong) {
 // The lines the reboot command has appended so far, waiting (bounded) until there are `count`.
 std::string WaitForLines(const std::filesystem::path& path, std::size_t count) {
   std::string text;
-  auto deadline = std::chrono::steady_clock::now() + kWait;
-  while (std::chrono::steady_clock::now() < deadline) {
-    std::ifstream in(path);
-    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    if (static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n')) >= count) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  bcd::testing::WaitFor(
+      [&] {
+        std::ifstream in(path);
+        text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+        return static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n')) >= count;
+      },
+      kWait);
   return text;
 }
 
@@ -373,8 +374,7 @@ TEST_F(Commands, CancelStopsAHangingUploadAndTheLaneMovesOn) {
   };
   collect("c-hangs", hanging);
   collect("c-next", fine);  // the same lane: waits behind it
-  for (int i = 0; i < 1000 && hanging.requests().empty(); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  bcd::testing::WaitFor([&] { return !hanging.requests().empty(); }, kWait);
   ASSERT_EQ(hanging.requests().size(), 1u) << "the upload never reached the sink";
   v1::ServerFrame cancel;
   cancel.mutable_cancel_command()->set_command_id("c-hangs");
@@ -394,10 +394,12 @@ TEST_F(Commands, AStopIsNotHeldUpByAHangingUploadOrJournal) {
   command.set_payload(payload.SerializeAsString());
   Send(pki_.SignCommand(command));
   std::vector<v1::CommandUpdate> updates;
-  for (int i = 0; i < 1000 && updates.size() < 2; ++i) {
-    updates = Updates("c-stuck", 0);
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  bcd::testing::WaitFor(
+      [&] {
+        updates = Updates("c-stuck", 0);
+        return updates.size() >= 2;
+      },
+      kWait);
   ASSERT_EQ(updates.back().state(), v1::COMMAND_STATE_RUNNING);
   std::promise<void> stopped;
   std::thread stop([&] {
@@ -697,14 +699,14 @@ class DesiredStates : public Commands {
   // The SpecAcks the gateway has seen, waiting until there are `count`.
   std::vector<v1::SpecAck> Acks(std::size_t count) {
     std::vector<v1::SpecAck> acks;
-    auto deadline = std::chrono::steady_clock::now() + kWait;
-    while (std::chrono::steady_clock::now() < deadline) {
-      acks.clear();
-      for (const auto& frame : gateway_->Received("n-1"))
-        if (frame.has_spec_ack()) acks.push_back(frame.spec_ack());
-      if (acks.size() >= count) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    bcd::testing::WaitFor(
+        [&] {
+          acks.clear();
+          for (const auto& frame : gateway_->Received("n-1"))
+            if (frame.has_spec_ack()) acks.push_back(frame.spec_ack());
+          return acks.size() >= count;
+        },
+        kWait);
     return acks;
   }
   static std::string Sections(const google::protobuf::RepeatedPtrField<v1::SectionStatus>& all) {
@@ -738,12 +740,14 @@ TEST_F(DesiredStates, ANewerSpecIsAppliedPersistedAndReported) {
   EXPECT_EQ(daemon_->desired().tunnel_jwks(), jwks);
   // A StatusReport follows the change.
   std::optional<v1::StatusReport> status;
-  auto deadline = std::chrono::steady_clock::now() + kWait;
-  while (!status && std::chrono::steady_clock::now() < deadline) {
-    for (const auto& frame : gateway_->Received("n-1"))
-      if (frame.has_status() && frame.status().applied_generation() == 3) status = frame.status();
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  bcd::testing::WaitFor(
+      [&] {
+        for (const auto& frame : gateway_->Received("n-1"))
+          if (frame.has_status() && frame.status().applied_generation() == 3)
+            status = frame.status();
+        return status.has_value();
+      },
+      kWait);
   ASSERT_TRUE(status.has_value());
   EXPECT_EQ(status->sections_size(), 3);
 

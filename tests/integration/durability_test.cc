@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "testing/child_process.h"
 #include "testing/dev_gateway.h"
+#include "testing/wait.h"
 #include "tests/unit/fake_root.h"
 
 namespace bcd {
@@ -114,16 +115,17 @@ class Durability : public ::testing::Test {
     std::filesystem::path bcd = std::filesystem::canonical(BCD_BINARY);
     std::string children =
         "/proc/" + std::to_string(strace) + "/task/" + std::to_string(strace) + "/children";
-    for (int i = 0; i < 1000; ++i) {
+    pid_t found = -1;
+    testing::WaitFor([&] {
       std::ifstream in(children);
       for (pid_t child = 0; in >> child;) {
         std::error_code error;
         auto exe = std::filesystem::read_symlink("/proc/" + std::to_string(child) + "/exe", error);
-        if (!error && exe == bcd) return child;
+        if (!error && exe == bcd) found = child;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return -1;
+      return found > 0;
+    });
+    return found;
   }
 
   // bcd node under strace; `strace_args` choose what is traced and injected.
@@ -194,12 +196,11 @@ TEST_F(Durability, EveryUpdateIsSyncedBeforeItLeavesAndEveryReplacedFileIsSynced
   Push(frame);
   for (int i = 0; i < 3; ++i)
     ASSERT_TRUE(WaitForState("c-" + std::to_string(i), v1::COMMAND_STATE_SUCCEEDED)) << i;
-  bool event = false;
-  for (int i = 0; i < 150 && !event; ++i) {
+  ASSERT_TRUE(testing::WaitFor([&] {
+    bool event = false;
     for (const auto& f : gateway_->Received("n-1")) event |= f.has_event();
-    if (!event) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  ASSERT_TRUE(event) << "the trust.updated event never came";
+    return event;
+  })) << "the trust.updated event never came";
   kill(reaped.traced, SIGTERM);
   int status = testing::WaitChild(node);
   reaped.pid = -1;
@@ -266,15 +267,11 @@ TEST_F(Durability, ACommandKilledBeforeItRanIsReportedInterruptedAndNeverRuns) {
   v1::ServerFrame reboot = Command("c-reboot", "node.reboot");
   Push(reboot);
   std::filesystem::path results = state_ / "results.log";
-  bool marked = false;
-  for (auto end = std::chrono::steady_clock::now() + kWait;
-       !marked && std::chrono::steady_clock::now() < end;) {
+  ASSERT_TRUE(testing::WaitFor([&] {
     std::ifstream in(results, std::ios::binary);
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    marked = bytes.find("Rc-reboot") != std::string::npos;
-    if (!marked) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_TRUE(marked) << "node.reboot was never marked running";
+    return bytes.find("Rc-reboot") != std::string::npos;
+  })) << "node.reboot was never marked running";
   kill(traced.traced, SIGKILL);
   testing::WaitChild(node);
   traced.pid = -1;

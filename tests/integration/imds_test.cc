@@ -18,6 +18,7 @@
 
 #include "gtest/gtest.h"
 #include "testing/child_process.h"
+#include "testing/wait.h"
 
 namespace bcd {
 namespace {
@@ -152,9 +153,7 @@ TEST_F(Imds, ASlowFetchForOneInstanceDoesNotHoldUpAnother) {
     Ask("127.0.0.2", server_->port(), "GET", "/v1/user-data", {"X-BC-Metadata-Token: " + a});
     a_done = true;
   });
-  for (int i = 0; i < 2000 && fetches_ == 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  ASSERT_GT(fetches_, 0) << "vm-a's fetch never started";
+  ASSERT_TRUE(bcd::testing::WaitFor([&] { return fetches_ > 0; })) << "vm-a's fetch never started";
   Reply meta =
       Ask("127.0.0.3", server_->port(), "GET", "/v1/meta-data", {"X-BC-Metadata-Token: " + b});
   EXPECT_EQ(meta.status, 200);

@@ -15,6 +15,7 @@
 #include "proto/absl_compat.h"
 #include "testing/child_process.h"
 #include "testing/dev_gateway.h"
+#include "testing/wait.h"
 #include "tests/unit/fake_root.h"
 
 namespace bcd {
@@ -155,13 +156,10 @@ TEST_F(Secrets, TenSecondsAtMostAndALateAnswerIsIgnored) {
       client().Resolve("secret://db/password", {"wf-1", "step-1", ""});
   EXPECT_EQ(value.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(Message(value.status()), "secret secret://db/password: no answer within 10000 ms");
-  auto deadline = std::chrono::steady_clock::now() + kWait;
-  while (client().unmatched() < 1 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  bcd::testing::WaitFor([&] { return client().unmatched() >= 1; }, kWait);
   EXPECT_EQ(client().unmatched(), 1) << "the late answer was counted and ignored";
   ASSERT_TRUE(gateway_->PushStraySecretAnswer("n-1"));
-  while (client().unmatched() < 2 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  bcd::testing::WaitFor([&] { return client().unmatched() >= 2; }, kWait);
   EXPECT_EQ(client().unmatched(), 2) << "an answer to nothing too";
 }
 
@@ -169,13 +167,13 @@ TEST_F(Secrets, ASessionDropFailsTheWaitAtOnce) {
   gateway_->DelaySecretAnswers(std::chrono::seconds(8));
   std::thread dropper([&] {
     // Once the request is out, the session goes.
-    auto deadline = std::chrono::steady_clock::now() + kWait;
-    while (std::chrono::steady_clock::now() < deadline) {
-      bool asked = false;
-      for (const auto& frame : gateway_->Received("n-1")) asked |= frame.has_secret_request();
-      if (asked) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    bcd::testing::WaitFor(
+        [&] {
+          bool asked = false;
+          for (const auto& frame : gateway_->Received("n-1")) asked |= frame.has_secret_request();
+          return asked;
+        },
+        kWait);
     gateway_->DropSessions();
   });
   absl::StatusOr<std::string> value =
@@ -222,10 +220,7 @@ TEST_F(Secrets, TheMetadataServiceAnswersTheInstancesOfTheSpec) {
   v1::ServerFrame frame;
   *frame.mutable_desired_state() = pki_.SignSpec(spec);
   ASSERT_TRUE(gateway_->Push("n-1", frame));
-  auto deadline = std::chrono::steady_clock::now() + kWait;
-  while (daemon_->desired().applied_generation() != 1 &&
-         std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  bcd::testing::WaitFor([&] { return daemon_->desired().applied_generation() == 1; }, kWait);
   uint16_t port = node_mode_->imds_port();
   ASSERT_NE(port, 0);
   auto [status, token] =

@@ -23,6 +23,7 @@
 #include "pki/x509.h"
 #include "testing/child_process.h"
 #include "testing/dev_gateway.h"
+#include "testing/wait.h"
 #include "tests/unit/fake_root.h"
 
 namespace bcd {
@@ -202,14 +203,13 @@ TEST_F(WebSocket, ASessionRunsSignedCommandsAndEndsCleanly) {
   v1::ServerFrame frame;
   *frame.mutable_desired_state() = pki_.SignSpec(spec);
   ASSERT_TRUE(gateway_->Push("n-1", frame));
-  bool acked = false;
-  for (int i = 0; i < 100 && !acked; ++i) {
+  EXPECT_TRUE(testing::WaitFor([&] {
+    bool acked = false;
     for (const auto& f : gateway_->Received("n-1")) {
       acked |= f.has_spec_ack() && f.spec_ack().state() == v1::SPEC_ACK_STATE_APPLIED;
     }
-    if (!acked) std::this_thread::sleep_for(milliseconds(50));
-  }
-  EXPECT_TRUE(acked);
+    return acked;
+  }));
   StopDaemon();
   EXPECT_TRUE(result_.ok()) << result_;
   EXPECT_EQ(gateway_->WaitForWsClose("n-1", kWait), 1000);  // the close handshake, normal
@@ -231,9 +231,7 @@ TEST_F(WebSocket, RenewsOverHttpsAndTheNextDialUsesTheNewCertificate) {
   // The session goes on; a redial authenticates with the renewed chain: once the old one has
   // expired, a session proves it.
   int64_t old_expiry = pki::ParsePemChain(first_leaf)->front().NotAfter();
-  for (int i = 0; i < 300 && Now() <= old_expiry; ++i)
-    std::this_thread::sleep_for(milliseconds(50));
-  ASSERT_GT(Now(), old_expiry);
+  ASSERT_TRUE(testing::WaitFor([&] { return Now() > old_expiry; }, seconds(15), milliseconds(50)));
   gateway_->DropSessions();
   ASSERT_TRUE(gateway_->WaitForWelcomes(2, kWait));
   ExpectInventoryRefresh("c-after-renewal");
@@ -264,9 +262,8 @@ TEST_F(WebSocket, RenewalRefusesASupersededCertificateAndARevokedNode) {
   // Revoked: the renewer stops at its next renewal (the session stays up until it ends), and the
   // session stops at its next dial.
   gateway_->Revoke("n-1");
-  for (int i = 0; i < 300 && log_.Text().find("renew.stopped") == std::string::npos; ++i) {
-    std::this_thread::sleep_for(milliseconds(50));
-  }
+  testing::WaitFor([&] { return log_.Text().find("renew.stopped") != std::string::npos; },
+                   seconds(15));
   EXPECT_NE(log_.Text().find("event=renew.stopped error=\"renew refused (revoked)"),
             std::string::npos)
       << log_.Text();
@@ -343,10 +340,8 @@ TEST_F(WebSocket, ATlsInspectingProxyIsTrustedForTransportWhileTheProofAuthentic
   proxy.pid = testing::SpawnChild({"node", BCD_SOURCE_DIR "/tests/integration/inspecting_proxy.mjs",
                                    key.string(), cert.string(), upstream_ca.string(),
                                    DevPki::kGatewayName, port_file.string()});
-  for (int i = 0; i < 200 && !std::filesystem::exists(port_file); ++i) {
-    std::this_thread::sleep_for(milliseconds(50));
-  }
-  ASSERT_TRUE(std::filesystem::exists(port_file)) << "the inspecting proxy did not start";
+  ASSERT_TRUE(testing::WaitFor([&] { return std::filesystem::exists(port_file); }))
+      << "the inspecting proxy did not start";
   env_["https_proxy"] = "http://127.0.0.1:" + ReadFile(port_file);
 
   // Without proxy_ca_file the proxy's certificate is refused: it does not lead to the pin.
@@ -429,14 +424,13 @@ TEST_F(WebSocket, UnsignedIntentStaysPendingAndInjectedUnsignedIntentIsRefused) 
   *frame.mutable_desired_state() = pki_.SignSpec(spec, /*sign=*/false);
   ASSERT_TRUE(gateway_->PushUnfiltered("n-1", frame));
   bool refused = false;
-  for (int i = 0; i < 100 && !refused; ++i) {
+  EXPECT_TRUE(testing::WaitFor([&] {
     for (const auto& f : gateway_->Received("n-1")) {
       refused |= f.has_spec_ack() && f.spec_ack().state() == v1::SPEC_ACK_STATE_REJECTED &&
                  f.spec_ack().code() == "UNSIGNED";
     }
-    if (!refused) std::this_thread::sleep_for(milliseconds(50));
-  }
-  EXPECT_TRUE(refused);
+    return refused;
+  }));
 }
 
 struct BadMessageCase {
@@ -508,14 +502,13 @@ TEST_F(WebSocket, TunnelsAreRefusedOnAWebSocketSession) {
   frame.mutable_open_tunnel()->set_ticket("x.y.z");
   ASSERT_TRUE(gateway_->Push("n-1", frame));
   bool refused = false;
-  for (int i = 0; i < 100 && !refused; ++i) {
+  EXPECT_TRUE(testing::WaitFor([&] {
     for (const auto& f : gateway_->Received("n-1")) {
       refused |= f.has_event() && f.event().kind() == "tunnel.refused" &&
                  f.event().attributes().at("tunnel_id") == "t-1";
     }
-    if (!refused) std::this_thread::sleep_for(milliseconds(50));
-  }
-  EXPECT_TRUE(refused);
+    return refused;
+  }));
 }
 
 }  // namespace
