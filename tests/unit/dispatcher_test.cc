@@ -113,6 +113,21 @@ class DispatcherTest : public ::testing::Test {
     EXPECT_TRUE(dispatcher_->Register("node.reboot", std::move(reboot)).ok());
   }
 
+  // A dispatcher for `mode` with no handlers, whose updates the test sees.
+  std::unique_ptr<Dispatcher> Bare(proto::Mode mode,
+                                   std::size_t keyed_workers = kKeyedLaneWorkers) {
+    return std::make_unique<Dispatcher>(
+        mode, "n-1", results_.get(),
+        DispatcherHooks{.update =
+                            [this](const v1::CommandUpdate& u) {
+                              std::lock_guard<std::mutex> lock(mu_);
+                              updates_.push_back(u);
+                              cv_.notify_all();
+                            },
+                        .now = [] { return static_cast<int64_t>(std::time(nullptr)); }},
+        &log_, keyed_workers);
+  }
+
   v1::Command Make(const std::string& id, const std::string& kind, uint32_t timeout = 0) {
     v1::Command command;
     command.set_command_id(id);
@@ -503,16 +518,7 @@ TEST_F(DispatcherTest, AKindOfThisModeWithoutAHandlerIsListedAndRefusedSayingSo)
 
 TEST_F(DispatcherTest, ATypedHandlerGetsItsPayloadTypeAndItsResultIsEncoded) {
   // Rebuilt without the blocking node.reboot handler, so the typed one can take the kind.
-  dispatcher_ = std::make_unique<Dispatcher>(
-      proto::Mode::kNode, "n-1", results_.get(),
-      DispatcherHooks{.update =
-                          [this](const v1::CommandUpdate& u) {
-                            std::lock_guard<std::mutex> lock(mu_);
-                            updates_.push_back(u);
-                            cv_.notify_all();
-                          },
-                      .now = [] { return static_cast<int64_t>(std::time(nullptr)); }},
-      &log_);
+  dispatcher_ = Bare(proto::Mode::kNode);
   ASSERT_TRUE(dispatcher_->Register("node.reboot", std::make_unique<RebootTyped>()).ok());
   v1::NodeRebootPayload payload;
   payload.set_delay_seconds(7);
@@ -593,16 +599,7 @@ class HeldBmcHandler final : public TypedHandler<bettercompute::site::v1::BmcPow
 };
 
 TEST_F(DispatcherTest, ThePerBmcLaneRunsOneCommandPerBmcAndBmcsSideBySideUpToItsBound) {
-  dispatcher_ = std::make_unique<Dispatcher>(
-      proto::Mode::kSite, "n-1", results_.get(),
-      DispatcherHooks{.update =
-                          [this](const v1::CommandUpdate& u) {
-                            std::lock_guard<std::mutex> lock(mu_);
-                            updates_.push_back(u);
-                            cv_.notify_all();
-                          },
-                      .now = [] { return static_cast<int64_t>(std::time(nullptr)); }},
-      &log_, /*keyed_workers=*/2);
+  dispatcher_ = Bare(proto::Mode::kSite, /*keyed_workers=*/2);
   auto held = std::make_unique<HeldBmcHandler>();
   HeldBmcHandler* bmc = held.get();
   ASSERT_TRUE(dispatcher_->Register("bmc.powerStatus", std::move(held)).ok());
