@@ -240,12 +240,9 @@ void Dispatcher::Submit(const v1::SignedCommand& signed_command, const pki::Trus
 }
 
 void Dispatcher::Refuse(const Admission& a, const Stop& stop) {
-  const std::string& id = a.job->command.command_id();
-  v1::CommandCode code = *stop.code;
-  const std::string& message = stop.message;
-  bool verified = a.verified && !stop.never_remembered;
-  const std::string& body_sha256 = a.body_sha256;
-  Reject(id, code, message, verified ? std::optional<std::string>(body_sha256) : std::nullopt);
+  bool remembered = a.verified && !stop.never_remembered;
+  Reject(a.job->command.command_id(), *stop.code, stop.message,
+         remembered ? std::optional<std::string>(a.body_sha256) : std::nullopt);
 }
 
 Dispatcher::Step Dispatcher::Remembered(Admission& a) {
@@ -519,9 +516,7 @@ void Dispatcher::LaneLoop(Lane* lane) {
     Finish(*job, update);
     lock.lock();
     lane->running_keys.erase(job->lane_key);
-    lock.unlock();
     cv_.notify_all();  // a job of this key may wait for it
-    lock.lock();
   }
 }
 
