@@ -18,15 +18,15 @@
 #include "absl/strings/str_join.h"
 #include "app/modes.h"
 #include "app/notify.h"
+#include "base/files.h"
+#include "config/config.h"
 #include "daemon/agent.h"
-#include "daemon/config.h"
 #include "daemon/control.h"
-#include "daemon/join.h"
+#include "daemon/identity/join.h"
 #include "fmt/format.h"
 #include "fmt/ostream.h"
 #include "install/install_script.h"
 #include "modes/common/inventory.h"
-#include "pki/files.h"
 #include "proto/absl_compat.h"
 #include "proto/version.h"
 #include "transport/proxy.h"
@@ -195,7 +195,7 @@ int Join(Flags flags, const CliEnv& env) {
         text = line;
       }
     } else {
-      text = pki::ReadWholeFile(*token_file, 64 * 1024);
+      text = ReadWholeFile(*token_file, 64 * 1024);
     }
     if (!text.ok()) {
       fmt::print(env.err, "bcd join: --token-file {}: {}\n", *token_file,
@@ -228,7 +228,7 @@ int Join(Flags flags, const CliEnv& env) {
     spec.attestor = attestor.value_or("provisioned");
     spec.node_id = *node_id;
     std::string path = credential_file.value_or("/etc/bcd/provisioning-credential");
-    absl::StatusOr<std::string> credential = pki::ReadWholeFile(path, 64 * 1024);
+    absl::StatusOr<std::string> credential = ReadWholeFile(path, 64 * 1024);
     if (!credential.ok()) {
       fmt::print(env.err, "bcd join: the provisioning credential: {}\n",
                  ToStd(credential.status().message()));
@@ -263,7 +263,7 @@ int Join(Flags flags, const CliEnv& env) {
 // Prints the installer the flags describe; reads the files they name (proxy CA, release keys).
 int InstallScript(const Flags& flags, const CliEnv& env) {
   absl::StatusOr<install::InstallOptions> options = install::ParseInstallFlags(
-      flags.rest, [](const std::string& path) { return pki::ReadWholeFile(path, 64 * 1024); });
+      flags.rest, [](const std::string& path) { return ReadWholeFile(path, 64 * 1024); });
   absl::StatusOr<std::string> script =
       options.ok() ? install::GenerateInstallScript(*options) : options.status();
   if (!script.ok()) {

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/subprocess.h"
+#include "base/subprocess.h"
 
 namespace bcd {
 

@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "app/cli.h"
-#include "daemon/subprocess.h"
+#include "base/subprocess.h"
 #include "transport/tls.h"
 
 int main(int argc, char** argv) {

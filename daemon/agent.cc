@@ -1,16 +1,16 @@
 #include "daemon/agent.h"
 
 #include "absl/strings/str_join.h"
+#include "base/files.h"
 #include "daemon/control.h"
-#include "daemon/desired.h"
-#include "daemon/dispatcher.h"
-#include "daemon/gateway.h"
-#include "daemon/identity.h"
-#include "daemon/renew.h"
-#include "daemon/secrets.h"
-#include "daemon/tunnels.h"
+#include "daemon/dispatch/desired.h"
+#include "daemon/dispatch/dispatcher.h"
+#include "daemon/identity/gateway.h"
+#include "daemon/identity/identity.h"
+#include "daemon/identity/renew.h"
+#include "daemon/secrets/secrets.h"
+#include "daemon/tunnels/tunnels.h"
 #include "fmt/format.h"
-#include "pki/files.h"
 #include "pki/jwt.h"
 #include "proto/absl_compat.h"
 
@@ -126,14 +126,14 @@ absl::Status RequireSigningRoots(const Config& config, const pki::TrustState& tr
 }
 
 std::string BootId() {
-  absl::StatusOr<std::string> id = pki::ReadWholeFile("/proc/sys/kernel/random/boot_id", 256);
+  absl::StatusOr<std::string> id = ReadWholeFile("/proc/sys/kernel/random/boot_id", 256);
   return id.ok() ? id->substr(0, id->find('\n')) : "";
 }
 
 }  // namespace
 
-absl::StatusOr<RenewCall> Agent::StartTransport(const Config& config, const AgentEnv& env,
-                                                const Joined& joined) {
+absl::Status Agent::StartTransport(const Config& config, const AgentEnv& env,
+                                   const Joined& joined) {
   transport::ChannelSpec spec = GatewayChannel(config, env.now);
   spec.keepalive_time = env.keepalive_time;
   spec.keepalive_timeout = env.keepalive_timeout;
@@ -149,7 +149,7 @@ absl::StatusOr<RenewCall> Agent::StartTransport(const Config& config, const Agen
           for (const pki::Certificate& cert : identity->chain) chain += cert.Pem();
           return transport::ClientIdentity{identity->key.ToPem(), chain};
         });
-    return GrpcRenewCall(spec);
+    return absl::OkStatus();
   }
   if (absl::Status s = RequireSigningRoots(config, joined.trust); !s.ok()) return s;
   absl::StatusOr<transport::WebSocketSpec> ws = WebSocketChannel(config, env.now);
@@ -174,11 +174,10 @@ absl::StatusOr<RenewCall> Agent::StartTransport(const Config& config, const Agen
         }
         return transport::WsNodeIdentity{identity->key, identity->chain, identity->node.id.node()};
       });
-  return HttpsRenewCall(*ws);
+  return absl::OkStatus();
 }
 
-absl::Status Agent::StartSession(const AgentEnv& env, const Mode& mode, Joined& joined,
-                                 RenewCall renew) {
+absl::Status Agent::StartSession(const AgentEnv& env, const Mode& mode, Joined& joined) {
   bool websocket = transport_name_ == "websocket";
   StateDir dir = joined.dir;
   SessionOptions options{
@@ -204,7 +203,7 @@ absl::Status Agent::StartSession(const AgentEnv& env, const Mode& mode, Joined& 
   outbox_ = std::make_unique<Outbox>(*std::move(outbox));
   node_key_ = joined.identity.key;
   renewer_ = std::make_unique<Renewer>(
-      std::move(renew), dir, joined.trust.node_cas(), env.now, env.uniform01, env.log,
+      RenewThrough(transport_.get()), dir, joined.trust.node_cas(), env.now, env.uniform01, env.log,
       [this](const Identity& renewed) {
         {
           std::lock_guard<std::mutex> lock(key_mu_);
@@ -334,9 +333,8 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const Config& config,
   agent->state_dir_ = joined->dir.path();
   agent->log_ = env.log;
   agent->now_ = env.now;
-  absl::StatusOr<RenewCall> renew = agent->StartTransport(config, env, *joined);
-  if (!renew.ok()) return renew.status();
-  if (absl::Status s = agent->StartSession(env, *mode, *joined, *std::move(renew)); !s.ok()) {
+  if (absl::Status s = agent->StartTransport(config, env, *joined); !s.ok()) return s;
+  if (absl::Status s = agent->StartSession(env, *mode, *joined); !s.ok()) {
     return s;
   }
   if (absl::Status s = agent->StartDispatch(env, *mode, *joined); !s.ok()) return s;

@@ -12,13 +12,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "daemon/config.h"
-#include "daemon/identity.h"
-#include "daemon/log.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "config/config.h"
+#include "daemon/delivery/results.h"
+#include "daemon/identity/identity.h"
+#include "daemon/identity/renew.h"
 #include "daemon/mode.h"
-#include "daemon/renew.h"
-#include "daemon/results.h"
-#include "daemon/session.h"
+#include "daemon/session/session.h"
 #include "proto/kinds.h"
 #include "transport/grpc_transport.h"
 #include "transport/proxy.h"
@@ -26,7 +27,7 @@
 namespace bcd {
 
 struct AgentEnv {
-  std::function<int64_t()> now;
+  UnixClock now;
   std::function<double()> uniform01;
   Logger* log = nullptr;
   std::chrono::milliseconds status_interval = std::chrono::minutes(5);
@@ -75,9 +76,8 @@ class Agent {
   struct Joined;  // the locked state dir, the identity in it and its trust
   static absl::StatusOr<Joined> LoadJoined(const Config& config, int64_t now);
   // The steps of Create, in order; each sets the parts it names.
-  absl::StatusOr<RenewCall> StartTransport(const Config& config, const AgentEnv& env,
-                                           const Joined& joined);
-  absl::Status StartSession(const AgentEnv& env, const Mode& mode, Joined& joined, RenewCall renew);
+  absl::Status StartTransport(const Config& config, const AgentEnv& env, const Joined& joined);
+  absl::Status StartSession(const AgentEnv& env, const Mode& mode, Joined& joined);
   absl::Status StartDispatch(const AgentEnv& env, const Mode& mode, const Joined& joined);
   absl::Status StartDesiredState(const Config& config, const AgentEnv& env, const Joined& joined);
   absl::Status StartTunnels(const Config& config, const AgentEnv& env, const Mode& mode,
@@ -100,7 +100,7 @@ class Agent {
   std::optional<pki::PrivateKey> node_key_;  // guarded by key_mu_; replaced at each renewal
   std::filesystem::path state_dir_;
   std::string transport_name_ = "grpc";  // or "websocket"
-  std::function<int64_t()> now_;
+  UnixClock now_;
   Logger* log_ = nullptr;
 };
 

@@ -13,9 +13,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "base/clock.h"
+#include "base/log.h"
 #include "bettercompute/common/v1/common.pb.h"
-#include "daemon/config.h"
-#include "daemon/log.h"
+#include "config/config.h"
 #include "proto/kinds.h"
 
 namespace bcd {
@@ -36,7 +37,7 @@ struct ModeContext {
   DesiredState* desired = nullptr;
   SecretClient* secrets = nullptr;
   SessionEngine* engine = nullptr;  // sends frames and events, waits for the outbox
-  std::function<int64_t()> now;
+  UnixClock now;
   Logger* log = nullptr;
 };
 

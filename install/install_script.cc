@@ -4,7 +4,7 @@
 #include <map>
 
 #include "absl/strings/ascii.h"
-#include "daemon/config.h"
+#include "config/config.h"
 #include "fmt/format.h"
 #include "install/units.h"
 #include "pki/keys.h"

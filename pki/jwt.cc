@@ -2,9 +2,9 @@
 
 #include <charconv>
 
+#include "base/files.h"
 #include "fmt/format.h"
 #include "pki/base64url.h"
-#include "pki/files.h"
 #include "pki/jose_util.h"
 #include "proto/absl_compat.h"
 

@@ -41,11 +41,11 @@
 #include <string>
 #include <vector>
 
-#include "daemon/config.h"
+#include "base/files.h"
+#include "config/config.h"
 #include "google/protobuf/util/json_util.h"
 #include "install/install_script.h"
 #include "nlohmann/json.hpp"
-#include "pki/files.h"
 #include "pki/keys.h"
 #include "testing/child_process.h"
 #include "testing/dev_control.h"
@@ -204,7 +204,7 @@ int InstallScript(const std::vector<std::string>& args) {
   }
   std::optional<nlohmann::json> token = AskStack(dir, {{"op", "token"}, {"node", node}});
   if (!token) return 1;
-  absl::StatusOr<std::string> binary = bcd::pki::ReadWholeFile(bcd, std::size_t{1} << 30);
+  absl::StatusOr<std::string> binary = bcd::ReadWholeFile(bcd, std::size_t{1} << 30);
   if (!binary.ok()) {
     return std::fprintf(stderr, "bcd-dev: %s: %s\n", bcd.c_str(),
                         std::string(binary.status().message()).c_str()),
@@ -227,7 +227,7 @@ int InstallScript(const std::vector<std::string>& args) {
   if (config->websocket())
     flags.insert(flags.end(), {"--websocket-url", config->websocket()->url.text()});
   absl::StatusOr<bcd::install::InstallOptions> options = bcd::install::ParseInstallFlags(
-      flags, [](const std::string& path) { return bcd::pki::ReadWholeFile(path, 64 * 1024); });
+      flags, [](const std::string& path) { return bcd::ReadWholeFile(path, 64 * 1024); });
   absl::StatusOr<std::string> script =
       options.ok() ? bcd::install::GenerateInstallScript(*options) : options.status();
   if (!script.ok()) {
@@ -448,7 +448,7 @@ int main(int argc, char** argv) {
   // The token goes in a file only this user reads, never on a command line others can see.
   std::filesystem::path token_file = std::filesystem::path(dir) / "join-token";
   if (absl::Status s =
-          bcd::pki::AtomicWriteFile(token_file, (*gateway)->AddJoinToken("dev-node-1"), 0600);
+          bcd::AtomicWriteFile(token_file, (*gateway)->AddJoinToken("dev-node-1"), 0600);
       !s.ok()) {
     return std::fprintf(stderr, "bcd-dev: %s\n", std::string(s.message()).c_str()), 1;
   }
@@ -472,7 +472,7 @@ int main(int argc, char** argv) {
   {
     std::error_code ec;
     std::filesystem::create_directories(CurrentFile().parent_path(), ec);
-    if (ec || bcd::pki::AtomicWriteFile(CurrentFile(), dir + "\n", 0600).ok() == false) {
+    if (ec || bcd::AtomicWriteFile(CurrentFile(), dir + "\n", 0600).ok() == false) {
       std::fprintf(stderr,
                    "bcd-dev: cannot record the stack in %s: run, spec and the tunnel "
                    "commands need --dir %s\n",

@@ -20,6 +20,7 @@
 #include "proto/frame_codec.h"
 #include "proto/signing_input.h"
 #include "proto/version.h"
+#include "testing/ws_server.h"
 #include "transport/tls.h"
 #include "transport/websocket.h"
 #include "transport/ws_auth.h"
@@ -65,7 +66,7 @@ class GrpcGatewayStream final : public GatewayStream {
 
 class WsGatewayStream final : public GatewayStream {
  public:
-  explicit WsGatewayStream(std::unique_ptr<transport::WsConnection> connection)
+  explicit WsGatewayStream(std::unique_ptr<WsConnection> connection)
       : connection_(std::move(connection)) {}
   bool Read(v1::AgentFrame* frame) override {
     std::string message;
@@ -88,10 +89,10 @@ class WsGatewayStream final : public GatewayStream {
   }
   bool broken() const override { return broken_ || !connection_->closed_by_peer(); }
   bool signed_only() const override { return true; }
-  transport::WsConnection& connection() { return *connection_; }
+  WsConnection& connection() { return *connection_; }
 
  private:
-  std::unique_ptr<transport::WsConnection> connection_;
+  std::unique_ptr<WsConnection> connection_;
   std::atomic<bool> broken_{false};
 };
 
@@ -647,8 +648,8 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
   }
 
   // One request to the WebSocket listener: POST /v1/renew, or a session upgrade.
-  void ServeWebSocket(transport::WsExchange& exchange) {
-    const transport::HttpRequestInfo& request = exchange.request();
+  void ServeWebSocket(WsExchange& exchange) {
+    const HttpRequestInfo& request = exchange.request();
     auto refuse = [&](const Outcome& outcome) { exchange.Answer(HttpRefusal(outcome)); };
     if (request.target == "/v1/renew") {
       if (request.method != "POST") {
@@ -717,7 +718,7 @@ class AgentGatewayService final : public v1::AgentGateway::Service {
       headers.emplace_back("x-bc-gateway-proof", *transport::MakeGatewayProof(
                                                      *signer, chain, proof_node, proof_nonce, iat));
     }
-    std::unique_ptr<transport::WsConnection> connection = exchange.Accept(headers);
+    std::unique_ptr<WsConnection> connection = exchange.Accept(headers);
     if (!connection) return;
     WsGatewayStream stream(std::move(connection));
     switch (fault) {
@@ -896,15 +897,15 @@ absl::StatusOr<std::unique_ptr<DevGateway>> DevGateway::Start(const DevPki& pki,
   if (!options.websocket_listen.empty()) {
     std::size_t colon = options.websocket_listen.rfind(':');
     int port = std::atoi(options.websocket_listen.substr(colon + 1).c_str());
-    absl::StatusOr<std::unique_ptr<transport::WsListener>> listener = transport::WsListener::Start(
-        {.host = options.websocket_listen.substr(0, colon),
-         .port = static_cast<uint16_t>(port),
-         .key_pem = pki.serving_key().ToPem(),
-         .chain_pem = pki.ServingChainPem(),
-         .max_body = 1024 * 1024},
-        [service = gateway->service_.get()](transport::WsExchange& exchange) {
-          service->ServeWebSocket(exchange);
-        });
+    absl::StatusOr<std::unique_ptr<WsListener>> listener =
+        WsListener::Start({.host = options.websocket_listen.substr(0, colon),
+                           .port = static_cast<uint16_t>(port),
+                           .key_pem = pki.serving_key().ToPem(),
+                           .chain_pem = pki.ServingChainPem(),
+                           .max_body = 1024 * 1024},
+                          [service = gateway->service_.get()](WsExchange& exchange) {
+                            service->ServeWebSocket(exchange);
+                          });
     if (!listener.ok()) return listener.status();
     gateway->ws_listener_ = *std::move(listener);
   }

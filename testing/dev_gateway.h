@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/clock.h"
 #include "bettercompute/agent/v1/session.pb.h"
 #include "bettercompute/agent/v1/spec.pb.h"
 #include "testing/dev_pki.h"
@@ -30,17 +31,16 @@
 namespace grpc {
 class Server;
 }
-namespace bcd::transport {
-class WsListener;
-}
 
 namespace bcd::testing {
+
+class WsListener;
 
 struct DevGatewayOptions {
   std::string listen = "127.0.0.1:0";
   std::string protocol = "1..1";       // the gateway's protocol range
   int64_t node_cert_lifetime = 86400;  // seconds
-  std::function<int64_t()> now;        // unix seconds; defaults to the system clock
+  UnixClock now;                       // unix seconds; defaults to the system clock
   // Called with every frame a node sends after its Hello, on the session's thread, before the
   // frame is acknowledged: a control plane records updates and events here before it acks them.
   std::function<void(const std::string& node_id, const bettercompute::agent::v1::AgentFrame&)>
@@ -244,7 +244,7 @@ class DevGateway {
   std::shared_ptr<State> state_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<class AgentGatewayService> service_;
-  std::unique_ptr<transport::WsListener> ws_listener_;
+  std::unique_ptr<WsListener> ws_listener_;
   bool PushFrame(const std::string& node_id, const bettercompute::agent::v1::ServerFrame& frame,
                  bool filtered);
   int port_ = 0;

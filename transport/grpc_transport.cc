@@ -15,6 +15,8 @@ namespace v1 = bettercompute::agent::v1;
 
 constexpr char kSessionMethod[] = "/bettercompute.agent.v1.AgentGateway/Session";
 constexpr char kTunnelMethod[] = "/bettercompute.agent.v1.AgentGateway/Tunnel";
+// Join and Renew: a gateway that has not answered by then is treated as unreachable.
+constexpr std::chrono::seconds kUnaryDeadline{30};
 
 // One bidirectional call on a channel (Session or Tunnel): reads on one thread, writes from any
 // (serialized), Cancel from any. Messages are read as bytes and decoded here, through the bounded
@@ -128,14 +130,61 @@ GrpcTransport::GrpcTransport(ChannelSpec spec,
                              std::function<absl::StatusOr<ClientIdentity>()> identity)
     : spec_(std::move(spec)), identity_(std::move(identity)) {}
 
-absl::StatusOr<std::unique_ptr<FrameStream>> GrpcTransport::OpenSession() {
+absl::StatusOr<ChannelSpec> GrpcTransport::WithIdentity() const {
+  if (!identity_) return absl::FailedPreconditionError("this node has not joined");
   absl::StatusOr<ClientIdentity> identity = identity_();
   if (!identity.ok()) return identity.status();
   ChannelSpec spec = spec_;
   spec.identity = *identity;
   if (!spec.log) spec.log = std::make_shared<VerificationLog>();
   spec.log->Record("");
-  return std::unique_ptr<FrameStream>(new GrpcFrameStream(MakeChannel(spec), spec.log));
+  return spec;
+}
+
+absl::StatusOr<std::unique_ptr<FrameStream>> GrpcTransport::OpenSession() {
+  absl::StatusOr<ChannelSpec> spec = WithIdentity();
+  if (!spec.ok()) return spec.status();
+  return std::unique_ptr<FrameStream>(new GrpcFrameStream(MakeChannel(*spec), spec->log));
+}
+
+absl::StatusOr<v1::JoinResponse> GrpcTransport::Join(const v1::JoinRequest& request,
+                                                     Refusal* refusal) {
+  ChannelSpec spec = spec_;
+  spec.identity.reset();
+  spec.log = std::make_shared<VerificationLog>();
+  auto stub = v1::AgentGateway::NewStub(MakeChannel(spec));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + kUnaryDeadline);
+  v1::JoinResponse response;
+  grpc::Status status = stub->Join(&context, request, &response);
+  if (status.ok()) return response;
+  Refusal why = RefusalOf(status, context);
+  if (refusal != nullptr) *refusal = why;
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    std::string detail = spec.log->Last().empty() ? status.error_message() : spec.log->Last();
+    return absl::UnavailableError(
+        fmt::format("cannot reach the gateway at {}: {}", spec.target, detail));
+  }
+  return absl::PermissionDeniedError("join " + why.ToString());
+}
+
+absl::StatusOr<v1::RenewResponse> GrpcTransport::Renew(const v1::RenewRequest& request,
+                                                       Refusal* refusal) {
+  absl::StatusOr<ChannelSpec> spec = WithIdentity();
+  if (!spec.ok()) return spec.status();
+  auto stub = v1::AgentGateway::NewStub(MakeChannel(*spec));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + kUnaryDeadline);
+  v1::RenewResponse response;
+  grpc::Status status = stub->Renew(&context, request, &response);
+  if (status.ok()) return response;
+  Refusal why = RefusalOf(status, context);
+  if (why.code == grpc::StatusCode::UNAVAILABLE && !spec->log->Last().empty()) {
+    why.message = spec->log->Last();
+  }
+  if (refusal != nullptr) *refusal = why;
+  return absl::UnavailableError("renew " + why.ToString());
 }
 
 }  // namespace bcd::transport

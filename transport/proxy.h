@@ -11,17 +11,9 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "base/net.h"
 
 namespace bcd::transport {
-
-// An IP literal as its 4 or 16 bytes; nullopt when `text` is not one.
-std::optional<std::string> IpBytes(std::string_view text);
-// Whether `address` (an IP literal) lies in `block` ("10.0.0.0/8", "fd00::/8"; an IP alone is a
-// block of one).
-bool InCidr(std::string_view block, std::string_view address);
-
-// A TCP port in decimal, 1..65535; nullopt otherwise.
-std::optional<uint16_t> ParsePort(std::string_view text);
 
 struct ProxySpec {
   std::string host;  // IPv6 without brackets

@@ -43,7 +43,7 @@ Protocol = -SSLv3, -TLSv1, -TLSv1.1, -TLSv1.2
 class PinnedCaVerifier : public grpc::experimental::ExternalCertificateVerifier {
  public:
   PinnedCaVerifier(std::array<uint8_t, 32> pin, std::string server_name,
-                   std::shared_ptr<VerificationLog> log, std::function<int64_t()> now)
+                   std::shared_ptr<VerificationLog> log, UnixClock now)
       : pin_(pin.begin(), pin.end()),
         server_name_(std::move(server_name)),
         log_(std::move(log)),
@@ -76,7 +76,7 @@ class PinnedCaVerifier : public grpc::experimental::ExternalCertificateVerifier 
   std::string pin_;
   std::string server_name_;
   std::shared_ptr<VerificationLog> log_;
-  std::function<int64_t()> now_;
+  UnixClock now_;
 };
 
 }  // namespace

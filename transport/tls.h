@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "base/clock.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/security/server_credentials.h"
 #include "pki/x509.h"
@@ -62,7 +63,7 @@ struct ChannelSpec {
   std::shared_ptr<VerificationLog> log;    // optional
   // Unix seconds: the gateway's certificates are checked against it. Required (a spec without a
   // clock verifies nothing).
-  std::function<int64_t()> now;
+  UnixClock now;
   // HTTP/2 PING every keepalive_time; no answer within keepalive_timeout ends the connection.
   std::chrono::milliseconds keepalive_time = std::chrono::seconds(20);
   std::chrono::milliseconds keepalive_timeout = std::chrono::seconds(20);

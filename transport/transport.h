@@ -1,7 +1,7 @@
 #pragma once
 
-// The seam between the session engine and whatever carries frames (gRPC today, WebSocket later).
-// The engine never knows which transport it holds.
+// The seam between the engine and whatever carries its calls to the gateway (gRPC, or the
+// WebSocket where a proxy strips client certificates). The engine never knows which it holds.
 
 #include <memory>
 
@@ -44,12 +44,23 @@ class FrameStream {
   }
 };
 
+// Everything bcd says to the gateway goes through one of these: the Session stream and the two
+// unary calls, on the transport's own connection settings (target, pin, proxy, keepalive).
 class Transport {
  public:
   virtual ~Transport() = default;
   // Opens a Session stream with the node's current identity (re-read at every dial, so a renewal
   // applies to the next one). An error here means the dial failed before the stream opened.
   virtual absl::StatusOr<std::unique_ptr<FrameStream>> OpenSession() = 0;
+  // Join over server-authenticated TLS (no identity yet). Unavailable when the gateway could not
+  // be reached or failed verification (the message says which); PermissionDenied when it refused
+  // (the message and `refusal` name its reason).
+  virtual absl::StatusOr<bettercompute::agent::v1::JoinResponse> Join(
+      const bettercompute::agent::v1::JoinRequest& request, Refusal* refusal) = 0;
+  // Renew, the request carrying the current chain and its proof of possession. An error when no
+  // answer came or the gateway refused; then `refusal` (when given) holds its reason and pushback.
+  virtual absl::StatusOr<bettercompute::agent::v1::RenewResponse> Renew(
+      const bettercompute::agent::v1::RenewRequest& request, Refusal* refusal) = 0;
 };
 
 }  // namespace bcd::transport

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/clock.h"
 #include "pki/keys.h"
 #include "pki/x509.h"
 #include "transport/proxy.h"
@@ -47,7 +48,7 @@ struct WebSocketSpec {
   std::chrono::milliseconds dial_timeout = std::chrono::seconds(30);
   // Unix seconds: certificates and the gateway's proof are checked against it, and the node's
   // proof is dated with it. Required.
-  std::function<int64_t()> now;
+  UnixClock now;
 };
 
 // The node's identity for one dial (re-read each time, so a renewal applies to the next).
@@ -64,6 +65,14 @@ class WebSocketTransport final : public Transport {
   // upgrade or a gateway without a valid proof shows as the stream's end (Finish), with the
   // gateway's reason and pushback, like a refused gRPC call.
   absl::StatusOr<std::unique_ptr<FrameStream>> OpenSession() override;
+  // Unimplemented: the gateway serves Join over gRPC only (a node joins before it moves to the
+  // WebSocket).
+  absl::StatusOr<bettercompute::agent::v1::JoinResponse> Join(
+      const bettercompute::agent::v1::JoinRequest& request, Refusal* refusal) override;
+  // POST /v1/renew on the WebSocket origin (no client certificate: the request's chain and proof
+  // of possession identify the node), through the same proxy and TLS trust as the session.
+  absl::StatusOr<bettercompute::agent::v1::RenewResponse> Renew(
+      const bettercompute::agent::v1::RenewRequest& request, Refusal* refusal) override;
 
  private:
   WebSocketSpec spec_;
@@ -81,63 +90,5 @@ struct HttpAnswer {
 absl::StatusOr<HttpAnswer> HttpsPost(const WebSocketSpec& spec, std::string_view target,
                                      std::string_view content_type, std::string_view body,
                                      std::size_t max_answer);
-
-// ---- The server half (dev gateway, tests) ----
-
-// One open WebSocket. Read from one thread and write from others at the same time.
-class WsConnection {
- public:
-  virtual ~WsConnection() = default;
-  // The next message; false when the connection ended.
-  virtual bool Read(std::string* message, bool* text) = 0;
-  virtual bool WriteBinary(std::string_view message) = 0;
-  virtual bool WriteText(std::string_view message) = 0;
-  // Bytes straight onto the TLS stream, past the WebSocket framing (tests of bad framing).
-  virtual bool WriteRaw(std::string_view bytes) = 0;
-  // Starts the close handshake; returns at once.
-  virtual void Close(uint16_t code, std::string_view reason) = 0;
-  // Drops the connection (a blocked Read returns false).
-  virtual void Abort() = 0;
-  // Whether the peer ended the connection with a close frame, and its code (0 when none came).
-  virtual bool closed_by_peer() const = 0;
-  virtual int peer_close_code() const = 0;
-};
-
-struct HttpRequestInfo {
-  std::string method;
-  std::string target;
-  std::string host;                            // the Host header without its port
-  std::map<std::string, std::string> headers;  // lower-case names
-  std::string body;
-  bool upgrade = false;  // a WebSocket upgrade request
-};
-
-// A request the listener received; the handler answers it or accepts the upgrade.
-class WsExchange {
- public:
-  virtual ~WsExchange() = default;
-  virtual const HttpRequestInfo& request() const = 0;
-  virtual void Answer(const HttpAnswer& answer) = 0;
-  // Answers 101 with `headers` (and the subprotocol); nullptr when the handshake failed.
-  virtual std::unique_ptr<WsConnection> Accept(
-      const std::vector<std::pair<std::string, std::string>>& headers) = 0;
-};
-
-class WsListener {
- public:
-  struct Options {
-    std::string host = "127.0.0.1";
-    uint16_t port = 0;
-    std::string key_pem;
-    std::string chain_pem;  // serving leaf first
-    std::size_t max_body = 64 * 1024;
-    std::size_t max_message = 16 * 1024 * 1024;
-  };
-  // Each connection runs `handler` on its own thread.
-  static absl::StatusOr<std::unique_ptr<WsListener>> Start(
-      Options options, std::function<void(WsExchange&)> handler);
-  virtual ~WsListener() = default;
-  virtual uint16_t port() const = 0;
-};
 
 }  // namespace bcd::transport

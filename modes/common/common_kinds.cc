@@ -2,8 +2,8 @@
 
 #include <memory>
 
-#include "daemon/dispatcher.h"
-#include "daemon/session.h"
+#include "daemon/dispatch/dispatcher.h"
+#include "daemon/session/session.h"
 #include "modes/common/handlers.h"
 #include "modes/common/http_upload.h"
 

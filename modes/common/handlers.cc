@@ -1,7 +1,7 @@
 #include "modes/common/handlers.h"
 
-#include "daemon/config.h"
-#include "daemon/subprocess.h"
+#include "base/subprocess.h"
+#include "config/config.h"
 #include "fmt/format.h"
 #include "modes/common/archive.h"
 #include "modes/common/http_upload.h"

@@ -6,9 +6,10 @@
 #include <filesystem>
 #include <functional>
 
+#include "base/clock.h"
 #include "bettercompute/agent/v1/commands.pb.h"
 #include "bettercompute/common/v1/common.pb.h"
-#include "daemon/dispatcher.h"
+#include "daemon/dispatch/dispatcher.h"
 #include "modes/common/inventory.h"
 
 namespace bcd {
@@ -19,7 +20,7 @@ class InventoryRefreshHandler final
                           bettercompute::agent::v1::InventoryRefreshResult> {
  public:
   InventoryRefreshHandler(
-      InventorySources sources, std::function<int64_t()> now,
+      InventorySources sources, UnixClock now,
       std::function<void(const bettercompute::common::v1::HardwareClaims&)> send)
       : sources_(std::move(sources)), now_(std::move(now)), send_(std::move(send)) {}
   absl::StatusOr<bettercompute::agent::v1::InventoryRefreshResult> Execute(
@@ -29,7 +30,7 @@ class InventoryRefreshHandler final
 
  private:
   InventorySources sources_;
-  std::function<int64_t()> now_;
+  UnixClock now_;
   std::function<void(const bettercompute::common::v1::HardwareClaims&)> send_;
 };
 
@@ -39,7 +40,7 @@ struct LogSources {
   std::string dmesg = "dmesg";
   std::string bcd_unit = "bcd.service";  // the unit whose journal holds bcd's own log
   std::filesystem::path work_dir;        // where the bundle is built (the state dir)
-  std::function<int64_t()> now;
+  UnixClock now;
 };
 
 // logs.collect: bcd's log, the journal units the payload names and dmesg, bundled as a .tar.gz

@@ -11,7 +11,7 @@
 #include <functional>
 #include <utility>
 
-#include "daemon/config.h"
+#include "config/config.h"
 #include "fmt/format.h"
 #include "proto/absl_compat.h"
 

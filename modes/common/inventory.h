@@ -13,8 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include "base/subprocess.h"
 #include "bettercompute/common/v1/common.pb.h"
-#include "daemon/subprocess.h"
 
 namespace bcd {
 

@@ -33,8 +33,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/clock.h"
+#include "base/log.h"
 #include "bettercompute/agent/v1/spec.pb.h"
-#include "daemon/log.h"
 
 namespace bcd {
 
@@ -48,7 +49,7 @@ struct ImdsOptions {
   std::function<absl::StatusOr<std::string>(const bettercompute::agent::v1::VpsInstance&,
                                             const std::string& audience)>
       token;
-  std::function<int64_t()> now;
+  UnixClock now;
   // How long a request may take to arrive whole, and its answer to leave (tests shorten it).
   std::chrono::milliseconds request_deadline = std::chrono::seconds(5);
 };

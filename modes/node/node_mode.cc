@@ -1,8 +1,8 @@
 #include "modes/node/node_mode.h"
 
-#include "daemon/desired.h"
-#include "daemon/secrets.h"
-#include "daemon/session.h"
+#include "daemon/dispatch/desired.h"
+#include "daemon/secrets/secrets.h"
+#include "daemon/session/session.h"
 #include "fmt/format.h"
 #include "modes/node/imds.h"
 #include "modes/node/reboot.h"

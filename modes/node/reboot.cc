@@ -1,7 +1,7 @@
 #include "modes/node/reboot.h"
 
-#include "daemon/session.h"
-#include "daemon/subprocess.h"
+#include "base/subprocess.h"
+#include "daemon/session/session.h"
 #include "fmt/format.h"
 #include "proto/absl_compat.h"
 

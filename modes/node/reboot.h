@@ -12,9 +12,10 @@
 #include <thread>
 #include <vector>
 
+#include "base/clock.h"
+#include "base/log.h"
 #include "bettercompute/agent/v1/commands.pb.h"
-#include "daemon/dispatcher.h"
-#include "daemon/log.h"
+#include "daemon/dispatch/dispatcher.h"
 
 namespace bcd {
 
@@ -28,7 +29,7 @@ class SessionEngine;
 class RebootScheduler {
  public:
   RebootScheduler(std::vector<std::string> command, std::chrono::milliseconds result_wait,
-                  SessionEngine* engine, std::function<int64_t()> now, Logger* log)
+                  SessionEngine* engine, UnixClock now, Logger* log)
       : command_(std::move(command)),
         result_wait_(result_wait),
         engine_(engine),
@@ -45,7 +46,7 @@ class RebootScheduler {
   const std::vector<std::string> command_;
   const std::chrono::milliseconds result_wait_;
   SessionEngine* engine_;
-  std::function<int64_t()> now_;
+  UnixClock now_;
   Logger* log_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -27,8 +27,8 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/dispatcher.h"
-#include "daemon/outbox.h"
+#include "daemon/delivery/outbox.h"
+#include "daemon/dispatch/dispatcher.h"
 #include "modes/common/inventory.h"
 #include "pki/envelope.h"
 #include "proto/signing_input.h"

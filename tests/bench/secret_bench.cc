@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "daemon/agent.h"
-#include "daemon/join.h"
-#include "daemon/secrets.h"
+#include "daemon/identity/join.h"
+#include "daemon/secrets/secrets.h"
 #include "modes/node/node_mode.h"
 #include "testing/dev_gateway.h"
 

@@ -22,9 +22,9 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/config.h"
-#include "daemon/gateway.h"
-#include "daemon/identity.h"
+#include "config/config.h"
+#include "daemon/identity/gateway.h"
+#include "daemon/identity/identity.h"
 #include "testing/child_process.h"
 #include "testing/dev_gateway.h"
 #include "transport/grpc_transport.h"

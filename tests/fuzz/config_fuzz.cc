@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "daemon/config.h"
+#include "config/config.h"
 #include "proto/version.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "daemon/record_log.h"
+#include "daemon/delivery/record_log.h"
 #include "pki/keys.h"
 #include "proto/absl_compat.h"
 

@@ -7,10 +7,10 @@
 #include <sstream>
 #include <string_view>
 
-#include "daemon/desired.h"
-#include "daemon/tunnels.h"
+#include "base/files.h"
+#include "daemon/dispatch/desired.h"
+#include "daemon/tunnels/tunnels.h"
 #include "pki/envelope.h"
-#include "pki/files.h"
 #include "pki/jwt.h"
 #include "proto/signing_input.h"
 
@@ -49,7 +49,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)(*state)->Offer(signed_spec, *trust, 0);
   (void)(*state)->sections();
   // The same bytes as a persisted spec file, read at start.
-  (void)bcd::pki::AtomicWriteFile(*dir / "spec.binpb", std::string(bytes), 0600);
+  (void)bcd::AtomicWriteFile(*dir / "spec.binpb", std::string(bytes), 0600);
   if (auto reopened = bcd::DesiredState::Open(*dir, "n-1", &log); reopened.ok())
     (*reopened)->Reapply();
   return 0;

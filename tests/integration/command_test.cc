@@ -13,8 +13,8 @@
 #include <thread>
 
 #include "daemon/agent.h"
-#include "daemon/desired.h"
-#include "daemon/join.h"
+#include "daemon/dispatch/desired.h"
+#include "daemon/identity/join.h"
 #include "fmt/format.h"
 #include "gtest/gtest.h"
 #include "modes/common/http_upload.h"

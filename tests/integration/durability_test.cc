@@ -20,7 +20,7 @@
 #include <sstream>
 #include <thread>
 
-#include "daemon/join.h"
+#include "daemon/identity/join.h"
 #include "gtest/gtest.h"
 #include "testing/child_process.h"
 #include "testing/dev_gateway.h"

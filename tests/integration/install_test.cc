@@ -13,8 +13,8 @@
 #include <sstream>
 #include <thread>
 
-#include "daemon/config.h"
-#include "daemon/identity.h"
+#include "config/config.h"
+#include "daemon/identity/identity.h"
 #include "gtest/gtest.h"
 #include "install/install_script.h"
 #include "pki/keys.h"

@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "app/cli.h"
-#include "daemon/identity.h"
+#include "daemon/identity/identity.h"
 #include "gtest/gtest.h"
 #include "pki/keys.h"
 #include "testing/child_process.h"

@@ -17,8 +17,8 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/config.h"
-#include "daemon/join.h"
+#include "config/config.h"
+#include "daemon/identity/join.h"
 #include "gtest/gtest.h"
 #include "testing/child_process.h"
 #include "testing/dev_gateway.h"

@@ -2,14 +2,14 @@
 // with the session's client certificate and answers with a JWE to the request's one-use key.
 // Every value here contains "S3CR3T"; no test may find it in what bcd logged.
 
-#include "daemon/secrets.h"
+#include "daemon/secrets/secrets.h"
 
 #include <sstream>
 #include <thread>
 
 #include "daemon/agent.h"
-#include "daemon/desired.h"
-#include "daemon/join.h"
+#include "daemon/dispatch/desired.h"
+#include "daemon/identity/join.h"
 #include "gtest/gtest.h"
 #include "modes/node/node_mode.h"
 #include "proto/absl_compat.h"

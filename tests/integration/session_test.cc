@@ -10,8 +10,8 @@
 
 #include "app/cli.h"
 #include "daemon/agent.h"
-#include "daemon/identity.h"
-#include "daemon/join.h"
+#include "daemon/identity/identity.h"
+#include "daemon/identity/join.h"
 #include "fmt/format.h"
 #include "gtest/gtest.h"
 #include "modes/node/node_mode.h"

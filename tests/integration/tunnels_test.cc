@@ -15,8 +15,8 @@
 #include <thread>
 
 #include "daemon/agent.h"
-#include "daemon/desired.h"
-#include "daemon/join.h"
+#include "daemon/dispatch/desired.h"
+#include "daemon/identity/join.h"
 #include "gtest/gtest.h"
 #include "modes/node/node_mode.h"
 #include "testing/child_process.h"

@@ -14,10 +14,10 @@
 #include <thread>
 
 #include "daemon/agent.h"
-#include "daemon/gateway.h"
-#include "daemon/identity.h"
-#include "daemon/join.h"
-#include "daemon/renew.h"
+#include "daemon/identity/gateway.h"
+#include "daemon/identity/identity.h"
+#include "daemon/identity/join.h"
+#include "daemon/identity/renew.h"
 #include "gtest/gtest.h"
 #include "modes/node/node_mode.h"
 #include "pki/x509.h"
@@ -250,8 +250,9 @@ TEST_F(WebSocket, RenewalRefusesASupersededCertificateAndARevokedNode) {
   spec.env = [](const char*) { return std::optional<std::string>(); };
   StateDir copy = *StateDir::Open(dir_.path() / "copy");
   transport::Refusal refusal;
+  transport::WebSocketTransport websocket(spec, nullptr);
   absl::StatusOr<Identity> stale = RenewOnce(
-      HttpsRenewCall(spec), copy, first,
+      RenewThrough(&websocket), copy, first,
       pki::TrustState::FromFirstBundle(first.trust_bundle, first.join_service_key)->node_cas(), Now,
       &refusal);
   ASSERT_FALSE(stale.ok());

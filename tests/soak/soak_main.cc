@@ -44,9 +44,9 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/outbox.h"
-#include "daemon/record_log.h"
-#include "pki/files.h"
+#include "base/files.h"
+#include "daemon/delivery/outbox.h"
+#include "daemon/delivery/record_log.h"
 #include "proto/kinds.h"
 #include "testing/child_process.h"
 #include "testing/dev_gateway.h"
@@ -148,9 +148,9 @@ uint64_t SeqOf(const v1::AgentFrame& frame) {
       std::lock_guard<std::mutex> lock(mu);
       if (Clock::now() - last_progress > std::chrono::milliseconds(100)) {
         last_progress = Clock::now();
-        (void)bcd::pki::AtomicWriteFile(
-            dir / "progress", std::to_string(terminal.size()) + " " + std::to_string(max_seq),
-            0600);
+        (void)bcd::AtomicWriteFile(dir / "progress",
+                                   std::to_string(terminal.size()) + " " + std::to_string(max_seq),
+                                   0600);
       }
       std::size_t now_sessions = (*gateway)->SessionNodes().size();
       if (now_sessions != sessions) {

@@ -1,4 +1,4 @@
-#include "daemon/dispatcher.h"
+#include "daemon/dispatch/dispatcher.h"
 
 #include <signal.h>
 #include <sys/resource.h>

@@ -1,4 +1,4 @@
-#include "daemon/outbox.h"
+#include "daemon/delivery/outbox.h"
 
 #include <fstream>
 

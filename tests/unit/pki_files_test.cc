@@ -2,6 +2,7 @@
 
 #include <fstream>
 
+#include "base/files.h"
 #include "gtest/gtest.h"
 #include "pki/files.h"
 #include "pki/keys.h"

@@ -1,4 +1,4 @@
-#include "daemon/results.h"
+#include "daemon/delivery/results.h"
 
 #include "gtest/gtest.h"
 #include "proto/absl_compat.h"

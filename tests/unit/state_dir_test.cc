@@ -5,7 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "daemon/identity.h"
+#include "daemon/identity/identity.h"
 #include "fmt/format.h"
 #include "gtest/gtest.h"
 #include "proto/absl_compat.h"

@@ -1,0 +1,215 @@
+#include "daemon/identity/identity.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+
+#include "base/files.h"
+#include "fmt/format.h"
+#include "pki/files.h"
+#include "pki/trust.h"
+#include "proto/absl_compat.h"
+#include "proto/frame_codec.h"
+
+namespace bcd {
+
+absl::StatusOr<StateDir> StateDir::Open(const std::filesystem::path& path) {
+  struct stat st {};
+  if (lstat(path.c_str(), &st) != 0) {
+    if (errno != ENOENT) {
+      return absl::PermissionDeniedError(
+          fmt::format("cannot read the state dir {}: {}", path.string(), std::strerror(errno)));
+    }
+    std::error_code ec;
+    if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
+    if (ec || (mkdir(path.c_str(), 0700) != 0 && errno != EEXIST)) {
+      return absl::InternalError(fmt::format("cannot create the state dir {}: {}", path.string(),
+                                             ec ? ec.message() : std::strerror(errno)));
+    }
+    if (lstat(path.c_str(), &st) != 0) {
+      return absl::InternalError(
+          fmt::format("cannot read the state dir {}: {}", path.string(), std::strerror(errno)));
+    }
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        fmt::format("state dir {} is not a directory{}: point state_dir at a directory of its own",
+                    path.string(), S_ISLNK(st.st_mode) ? " (a symbolic link)" : ""));
+  }
+  if (st.st_uid != geteuid()) {
+    return absl::PermissionDeniedError(fmt::format(
+        "state dir {} belongs to uid {}, and bcd runs as uid {}: run bcd as its owner, or give "
+        "bcd a directory of its own (chown {} {})",
+        path.string(), st.st_uid, geteuid(), geteuid(), path.string()));
+  }
+  if ((st.st_mode & 077) != 0) {
+    return absl::PermissionDeniedError(fmt::format(
+        "state dir {} has mode {:04o}: group and others must have no access (chmod 700 {}), or "
+        "point state_dir at a directory of its own",
+        path.string(), st.st_mode & 07777, path.string()));
+  }
+  return StateDir(path);
+}
+
+StateDirLock::~StateDirLock() {
+  if (fd_ >= 0) close(fd_);
+}
+
+absl::StatusOr<StateDirLock> StateDir::Lock() const {
+  std::filesystem::path file = path_ / "bcd.lock";
+  int fd = open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) {
+    return absl::InternalError(
+        fmt::format("cannot open {}: {}", file.string(), std::strerror(errno)));
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int error = errno;
+    close(fd);
+    if (error == EWOULDBLOCK) {
+      return absl::FailedPreconditionError(
+          fmt::format("another bcd is already running on {}", path_.string()));
+    }
+    return absl::InternalError(
+        fmt::format("cannot lock {}: {}", file.string(), std::strerror(error)));
+  }
+  return StateDirLock(fd);
+}
+
+bool StateDir::HasIdentity() const {
+  std::error_code ec;
+  return std::filesystem::exists(IdentityPath(), ec);
+}
+
+absl::Status StateDir::SaveIdentity(const Identity& identity) const {
+  for (auto [path, data] : {std::pair{TrustBundlePath(), identity.trust_bundle.SerializeAsString()},
+                            std::pair{JoinServiceKeyPath(), identity.join_service_key.SpkiDer()}}) {
+    if (absl::Status s = AtomicWriteFile(path, data, 0600); !s.ok()) return s;
+  }
+  // Last: the identity file's presence is what marks a node as joined.
+  return SaveRenewed(identity.key, identity.chain);
+}
+
+absl::Status StateDir::SaveRenewed(const pki::PrivateKey& key,
+                                   const std::vector<pki::Certificate>& chain) const {
+  std::string pem = key.ToPem();
+  for (const pki::Certificate& cert : chain) pem += cert.Pem();
+  return AtomicWriteFile(IdentityPath(), pem, 0600);
+}
+
+absl::StatusOr<Identity> StateDir::LoadIdentity() const {
+  auto corrupt = [](const std::filesystem::path& path, const absl::Status& s) {
+    return absl::DataLossError(fmt::format("{}: {}", path.string(), ToStd(s.message())));
+  };
+  absl::StatusOr<pki::PrivateKey> key = pki::LoadPrivateKey(IdentityPath());
+  if (!key.ok()) return key.status();
+  absl::StatusOr<std::string> pem = ReadWholeFile(IdentityPath(), 1 << 20);
+  if (!pem.ok()) return pem.status();
+  absl::StatusOr<std::vector<pki::Certificate>> chain = pki::ParsePemChain(*pem);
+  if (!chain.ok()) return corrupt(IdentityPath(), chain.status());
+  if (chain->front().SpkiDer() != key->Public().SpkiDer()) {
+    return corrupt(IdentityPath(),
+                   absl::DataLossError("the certificate is not for the key beside it"));
+  }
+  absl::StatusOr<pki::NodeIdentity> node = pki::IdentityOf(chain->front());
+  if (!node.ok()) return corrupt(IdentityPath(), node.status());
+  absl::StatusOr<std::string> join_spki = ReadWholeFile(JoinServiceKeyPath(), 4096);
+  if (!join_spki.ok()) return join_spki.status();
+  absl::StatusOr<pki::PublicKey> join_key = pki::PublicKey::FromSpkiDer(*join_spki);
+  if (!join_key.ok()) return corrupt(JoinServiceKeyPath(), join_key.status());
+  absl::StatusOr<std::string> bundle_bytes = ReadWholeFile(TrustBundlePath(), 1 << 20);
+  if (!bundle_bytes.ok()) return bundle_bytes.status();
+  bettercompute::agent::v1::SignedTrustBundle bundle;
+  if (absl::Status s = proto::DecodeMessage(*bundle_bytes, &bundle); !s.ok())
+    return corrupt(TrustBundlePath(), s);
+  Identity identity{*std::move(key),      *std::move(chain), *std::move(node),
+                    *std::move(join_key), std::move(bundle), std::nullopt};
+  absl::StatusOr<std::string> source_bytes = ReadWholeFile(ApproverSourcePath(), 1 << 20);
+  if (source_bytes.ok()) {
+    bettercompute::agent::v1::SignedTrustBundle source;
+    if (absl::Status s = proto::DecodeMessage(*source_bytes, &source); !s.ok())
+      return corrupt(ApproverSourcePath(), s);
+    identity.approver_source = std::move(source);
+  } else if (!absl::IsNotFound(source_bytes.status())) {
+    return source_bytes.status();
+  }
+  return identity;
+}
+
+absl::StatusOr<pki::TrustState> TrustOf(const Identity& identity) {
+  return pki::TrustState::Restore(identity.trust_bundle,
+                                  identity.approver_source ? &*identity.approver_source : nullptr,
+                                  identity.join_service_key);
+}
+
+absl::Status StateDir::SaveTrust(const pki::TrustState& trust) const {
+  if (trust.HoldsAnEarlierApproverSet()) {
+    if (absl::Status s = AtomicWriteFile(ApproverSourcePath(),
+                                         trust.approver_source().SerializeAsString(), 0600);
+        !s.ok()) {
+      return s;
+    }
+    return AtomicWriteFile(TrustBundlePath(), trust.signed_bundle().SerializeAsString(), 0600);
+  }
+  if (absl::Status s =
+          AtomicWriteFile(TrustBundlePath(), trust.signed_bundle().SerializeAsString(), 0600);
+      !s.ok()) {
+    return s;
+  }
+  std::error_code ec;
+  std::filesystem::remove(ApproverSourcePath(), ec);
+  if (ec) {
+    return absl::InternalError(
+        fmt::format("cannot remove {}: {}", ApproverSourcePath().string(), ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> StateDirStatusText(const std::filesystem::path& state_dir,
+                                               int64_t now) {
+  StateDir dir(state_dir);  // as it is: status creates and changes nothing
+  struct stat st {};
+  if (stat(dir.IdentityPath().c_str(), &st) != 0) {
+    if (errno == EACCES) {
+      return absl::PermissionDeniedError(fmt::format(
+          "cannot read the state dir {}: permission denied (run bcd status as root, or as the "
+          "user bcd runs as)",
+          state_dir.string()));
+    }
+    return fmt::format("node: not joined (no identity in {})\n", state_dir.string());
+  }
+  absl::StatusOr<Identity> identity = dir.LoadIdentity();
+  if (!identity.ok()) {
+    if (absl::IsPermissionDenied(identity.status()) ||
+        identity.status().message().find("Permission denied") != std::string::npos) {
+      return absl::PermissionDeniedError(fmt::format("cannot read the identity in {}: {}",
+                                                     state_dir.string(),
+                                                     ToStd(identity.status().message())));
+    }
+    return fmt::format("node: {}\n", ToStd(identity.status().message()));
+  }
+  int64_t not_after = identity->chain.front().NotAfter();
+  char when[32];
+  time_t t = static_cast<time_t>(not_after);
+  tm utc{};
+  gmtime_r(&t, &utc);
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  std::string text =
+      fmt::format("node: {}\ngeneration: {}\ncertificate expires: {} ({})\n",
+                  identity->node.id.ToString(), identity->node.generation.value_or(0), when,
+                  not_after > now ? fmt::format("in {} s", not_after - now) : "EXPIRED");
+  absl::StatusOr<pki::TrustState> trust = TrustOf(*identity);
+  if (trust.ok()) {
+    text += fmt::format("trust version: {}\napprover set: epoch {}, sha256 {}\n", trust->version(),
+                        trust->approvers().epoch(), pki::Hex(trust->approvers().Sha256()));
+  } else {
+    text += fmt::format("trust: {}\n", ToStd(trust.status().message()));
+  }
+  return text;
+}
+
+}  // namespace bcd

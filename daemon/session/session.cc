@@ -1,0 +1,441 @@
+#include "daemon/session/session.h"
+
+#include <thread>
+
+#include "base/backoff.h"
+#include "daemon/dispatch/desired.h"
+#include "daemon/dispatch/dispatcher.h"
+#include "daemon/secrets/secrets.h"
+#include "daemon/tunnels/tunnels.h"
+#include "fmt/format.h"
+#include "proto/absl_compat.h"
+
+namespace bcd {
+
+namespace v1 = bettercompute::agent::v1;
+
+SessionEngine::SessionEngine(transport::Transport* transport, pki::TrustState trust,
+                             pki::PublicKey join_service_key, SessionOptions options,
+                             Outbox* outbox, Logger* log)
+    : transport_(transport),
+      trust_(std::move(trust)),
+      join_service_key_(std::move(join_service_key)),
+      options_(std::move(options)),
+      log_(log),
+      outbox_(outbox) {
+  status_interval_ms_ = options_.status_interval.count();
+  snapshot_.trust_version = trust_.version();
+  snapshot_.outbox_pending = outbox_->pending().size();
+  snapshot_.last_acked_seq = outbox_->last_acked();
+}
+
+absl::Status SessionEngine::Emit(v1::Severity severity, std::string kind, std::string message,
+                                 std::map<std::string, std::string> attributes) {
+  v1::AgentFrame frame;
+  v1::Event* event = frame.mutable_event();
+  event->set_kind(std::move(kind));
+  event->set_severity(severity);
+  event->set_message(std::move(message));
+  event->set_time_ms(static_cast<uint64_t>(options_.now()) * 1000);
+  for (auto& [key, value] : attributes) (*event->mutable_attributes())[key] = value;
+  return Enqueue(std::move(frame), {});
+}
+
+absl::Status SessionEngine::EmitUpdate(const v1::CommandUpdate& update,
+                                       const std::function<void()>& then) {
+  v1::AgentFrame frame;
+  *frame.mutable_command_update() = update;
+  return Enqueue(std::move(frame), then);
+}
+
+bool SessionEngine::Send(const v1::AgentFrame& frame) {
+  std::lock_guard<std::mutex> lock(outbox_mu_);
+  return live_ != nullptr && live_->Write(frame);
+}
+
+absl::Status SessionEngine::Enqueue(v1::AgentFrame frame, const std::function<void()>& then) {
+  std::lock_guard<std::mutex> lock(outbox_mu_);
+  absl::StatusOr<v1::AgentFrame> stored = outbox_->Append(std::move(frame));
+  // Runs before an Ack can drop the entry: see EmitUpdate.
+  if (then) then();
+  if (!stored.ok()) {
+    log_->Warn("outbox.refused", {{"error", std::string(ToStd(stored.status().message()))}});
+    if (absl::IsResourceExhausted(stored.status())) {
+      // The slot the outbox keeps for this takes it once; later refusals find it used.
+      v1::AgentFrame notice;
+      v1::Event* event = notice.mutable_event();
+      event->set_kind(kOutboxFullEvent);
+      event->set_severity(v1::SEVERITY_ERROR);
+      event->set_message(std::string(ToStd(stored.status().message())) +
+                         ": updates and events after this one are lost until it drains");
+      event->set_time_ms(static_cast<uint64_t>(options_.now()) * 1000);
+      if (absl::StatusOr<v1::AgentFrame> sent = outbox_->Append(std::move(notice)); sent.ok()) {
+        log_->Error("outbox.full", {{"pending", std::to_string(outbox_->pending().size())}});
+        if (live_ != nullptr) live_->Write(*sent);
+        std::lock_guard<std::mutex> snapshot_lock(mu_);
+        snapshot_.outbox_pending = outbox_->pending().size();
+      }
+    }
+    cv_.notify_all();
+    return stored.status();
+  }
+  if (live_ != nullptr) live_->Write(*stored);
+  std::lock_guard<std::mutex> snapshot_lock(mu_);
+  snapshot_.outbox_pending = outbox_->pending().size();
+  return absl::OkStatus();
+}
+
+SessionEngine::~SessionEngine() = default;
+
+void SessionEngine::SetState(std::string state, std::string error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    snapshot_.state = std::move(state);
+    if (!error.empty()) snapshot_.last_error = std::move(error);
+  }
+  cv_.notify_all();
+}
+
+bool SessionEngine::WaitUntil(const std::function<bool(const SessionSnapshot&)>& done,
+                              std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] { return done(snapshot_); });
+}
+
+SessionSnapshot SessionEngine::Snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return snapshot_;
+}
+
+v1::AgentFrame SessionEngine::Hello() const {
+  v1::AgentFrame frame;
+  v1::Hello* hello = frame.mutable_hello();
+  hello->set_proto_min(options_.range.min());
+  hello->set_proto_max(options_.range.max());
+  hello->set_daemon_version(BCD_VERSION);
+  for (const std::string& capability : options_.capabilities) hello->add_capabilities(capability);
+  hello->set_role(options_.role);
+  hello->set_trust_version(trust_.version());
+  if (desired_ != nullptr) hello->set_applied_generation(desired_->applied_generation());
+  {
+    std::lock_guard<std::mutex> lock(outbox_mu_);
+    hello->set_last_acked_seq(outbox_->last_acked());
+  }
+  hello->set_boot_id(options_.boot_id);
+  hello->set_started_at(static_cast<uint64_t>(options_.started_at));
+  hello->set_approver_set_epoch(trust_.approvers().epoch());
+  hello->set_approver_set_sha256(trust_.approvers().Sha256());
+  return frame;
+}
+
+v1::AgentFrame SessionEngine::Status() const {
+  v1::AgentFrame frame;
+  v1::StatusReport* status = frame.mutable_status();
+  status->set_uptime(
+      static_cast<uint64_t>(std::max<int64_t>(0, options_.now() - options_.started_at)));
+  status->set_trust_version(trust_.version());
+  if (desired_ != nullptr) {
+    status->set_applied_generation(desired_->applied_generation());
+    for (const v1::SectionStatus& section : desired_->sections()) *status->add_sections() = section;
+  }
+  status->set_certificate_not_after(static_cast<uint64_t>(options_.certificate_not_after));
+  status->set_daemon_version(BCD_VERSION);
+  {
+    std::lock_guard<std::mutex> lock(outbox_mu_);
+    status->set_outbox_pending(outbox_->pending().size());
+  }
+  status->set_approver_set_epoch(trust_.approvers().epoch());
+  status->set_approver_set_sha256(trust_.approvers().Sha256());
+  return frame;
+}
+
+bool SessionEngine::ApplyTrust(const v1::SignedTrustBundle& bundle) {
+  absl::StatusOr<pki::TrustState::Update> update = trust_.Accept(bundle, join_service_key_);
+  if (!update.ok()) {
+    log_->Warn("trust.refused", {{"reason", std::string(ToStd(update.status().message()))}});
+    return false;
+  }
+  trust_ = update->state;
+  if (!update->approver_set_refusal.empty()) {
+    log_->Warn("trust.approver_set_refused", {{"reason", update->approver_set_refusal}});
+    (void)Emit(v1::SEVERITY_WARNING, "trust.approver_set_refused", update->approver_set_refusal);
+  }
+  // What is enforced now is what a restart enforces: the new bundle, with the held approver set
+  // when its change was refused.
+  if (options_.on_trust) options_.on_trust(trust_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    snapshot_.trust_version = trust_.version();
+  }
+  log_->Info("trust.updated", {{"version", std::to_string(trust_.version())}});
+  (void)Emit(v1::SEVERITY_INFO, "trust.updated", "a newer trust bundle was taken",
+             {{"version", std::to_string(trust_.version())}});
+  return true;
+}
+
+bool SessionEngine::Handle(const v1::ServerFrame& frame) {
+  auto unhandled = [&] {
+    // Tunnels arrive with their own work; the other cases need their handler set.
+    std::lock_guard<std::mutex> lock(mu_);
+    ++snapshot_.unhandled_frames;
+    return false;
+  };
+  switch (frame.frame_case()) {
+    case v1::ServerFrame::kTrust:
+      return ApplyTrust(frame.trust());
+    case v1::ServerFrame::kCommand:
+      if (dispatcher_ == nullptr) return unhandled();
+      dispatcher_->Submit(frame.command(), trust_, Snapshot().upgrade_required,
+                          options_.signed_only);
+      return false;
+    case v1::ServerFrame::kCancelCommand:
+      if (dispatcher_ == nullptr) return unhandled();
+      dispatcher_->Cancel(frame.cancel_command().command_id(), frame.cancel_command().reason());
+      return false;
+    case v1::ServerFrame::kDesiredState: {
+      if (desired_ == nullptr) return unhandled();
+      v1::AgentFrame reply;
+      *reply.mutable_spec_ack() =
+          desired_->Offer(frame.desired_state(), trust_, options_.now(), options_.signed_only);
+      bool applied = reply.spec_ack().state() == v1::SPEC_ACK_STATE_APPLIED;
+      Send(reply);
+      return applied;
+    }
+    case v1::ServerFrame::kSecretResponse:
+      if (secrets_ == nullptr) return unhandled();
+      secrets_->OnSecretResponse(frame.secret_response());
+      return false;
+    case v1::ServerFrame::kWorkloadTokenResponse:
+      if (secrets_ == nullptr) return unhandled();
+      secrets_->OnWorkloadTokenResponse(frame.workload_token_response());
+      return false;
+    case v1::ServerFrame::kAck: {
+      std::lock_guard<std::mutex> lock(outbox_mu_);
+      if (absl::Status s = outbox_->Ack(frame.ack().up_to_seq()); !s.ok()) {
+        log_->Warn("outbox.ack_failed", {{"error", std::string(ToStd(s.message()))}});
+      }
+      std::lock_guard<std::mutex> snapshot_lock(mu_);
+      snapshot_.outbox_pending = outbox_->pending().size();
+      snapshot_.last_acked_seq = outbox_->last_acked();
+      cv_.notify_all();
+      return false;
+    }
+    case v1::ServerFrame::kOpenTunnel:
+      if (!options_.tunnels) {
+        log_->Warn("tunnel.refused", {{"tunnel_id", frame.open_tunnel().tunnel_id()},
+                                      {"reason", "tunnels need the gRPC transport"}});
+        (void)Emit(v1::SEVERITY_WARNING, "tunnel.refused",
+                   "tunnels need the gRPC transport; this session is a WebSocket",
+                   {{"tunnel_id", frame.open_tunnel().tunnel_id()}});
+        return unhandled();
+      }
+      {
+        transport::FrameStream* session;
+        {
+          std::lock_guard<std::mutex> lock(outbox_mu_);
+          session = live_;  // the stream this frame came on (Handle runs on its reading thread)
+        }
+        if (tunnels_ == nullptr || session == nullptr) return unhandled();
+        // A refusal is logged and reported by the runner; the gateway's open times out.
+        (void)tunnels_->Open(frame.open_tunnel(), *session, Snapshot().session_id);
+        return false;
+      }
+    case v1::ServerFrame::FRAME_NOT_SET: {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++snapshot_.unknown_frames;
+      return false;
+    }
+    default:
+      return unhandled();
+  }
+}
+
+transport::Refusal SessionEngine::Serve(transport::FrameStream& stream, Backoff& backoff) {
+  auto fail = [&](std::string why) {
+    stream.Cancel();
+    transport::Refusal refusal = stream.Finish();
+    refusal.message = std::move(why);
+    refusal.reason = "protocol-error";
+    return refusal;
+  };
+  if (!stream.Write(Hello())) return stream.Finish();
+  v1::ServerFrame first;
+  bool welcome_late = false;
+  {
+    // A gateway that never answers Hello must not hold the session: past the timeout the stream is
+    // cancelled, which ends the Read below.
+    std::mutex mu;
+    std::condition_variable cv;
+    bool answered = false;
+    std::thread watch([&] {
+      std::unique_lock<std::mutex> lock(mu);
+      if (!cv.wait_for(lock, options_.welcome_timeout, [&] { return answered; })) {
+        welcome_late = true;
+        stream.Cancel();
+      }
+    });
+    bool read = stream.Read(&first);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      answered = true;
+    }
+    cv.notify_all();
+    watch.join();
+    if (welcome_late) {
+      return fail(fmt::format(
+          "no Welcome within {} s of the session's start",
+          std::chrono::duration_cast<std::chrono::seconds>(options_.welcome_timeout).count()));
+    }
+    if (!read) return stream.Finish();
+  }
+  if (!first.has_welcome()) return fail("the gateway's first frame was not Welcome");
+  const v1::Welcome& welcome = first.welcome();
+  if (absl::Status s = proto::CheckWelcomeVersion(options_.range, welcome.protocol_version(),
+                                                  welcome.upgrade_required());
+      !s.ok()) {
+    return fail(std::string(ToStd(s.message())));
+  }
+  backoff.Reset();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    snapshot_.state = "connected";
+    snapshot_.session_id = welcome.session_id();
+    snapshot_.protocol_version = welcome.protocol_version();
+    snapshot_.upgrade_required = welcome.upgrade_required();
+    ++snapshot_.welcomes;
+  }
+  cv_.notify_all();
+  log_->Info("session.welcome",
+             {{"session_id", welcome.session_id()},
+              {"version", std::to_string(welcome.protocol_version())},
+              {"upgrade_required", welcome.upgrade_required() ? "true" : "false"}});
+  {
+    // What the gateway has not acknowledged goes again, in order, before anything new.
+    std::lock_guard<std::mutex> lock(outbox_mu_);
+    for (const v1::AgentFrame& pending : outbox_->pending()) stream.Write(pending);
+    live_ = &stream;
+  }
+  if (secrets_ != nullptr) secrets_->SessionUp(Snapshot().welcomes);
+  if (welcome.has_trust()) ApplyTrust(welcome.trust());
+  stream.Write(Status());
+
+  // The periodic StatusReport, until this connection ends.
+  std::mutex ticker_mu;
+  std::condition_variable ticker_cv;
+  bool ended = false;
+  std::thread ticker([&] {
+    std::unique_lock<std::mutex> lock(ticker_mu);
+    while (!ticker_cv.wait_for(lock, std::chrono::milliseconds(status_interval_ms_.load()),
+                               [&] { return ended; })) {
+      lock.unlock();
+      stream.Write(Status());
+      lock.lock();
+    }
+  });
+  v1::ServerFrame frame;
+  while (stream.Read(&frame)) {
+    if (Handle(frame)) stream.Write(Status());  // StatusReport on change
+  }
+  if (tunnels_ != nullptr) tunnels_->CloseAll();  // a tunnel lives no longer than its session
+  {
+    std::lock_guard<std::mutex> lock(ticker_mu);
+    ended = true;
+  }
+  ticker_cv.notify_all();
+  ticker.join();
+  {
+    std::lock_guard<std::mutex> lock(outbox_mu_);
+    live_ = nullptr;
+  }
+  if (secrets_ != nullptr) secrets_->SessionDown();  // waits on this session fail now
+  return stream.Finish();
+}
+
+absl::Status SessionEngine::Run() {
+  Backoff backoff(options_.uniform01);
+  // Failures in a row: the first few are warnings; a storm of them is said once, then logged at
+  // debug until a session is welcomed again.
+  constexpr int kLoudFailures = 5;
+  int failures = 0;
+  auto failed = [&](std::string_view event,
+                    std::initializer_list<std::pair<std::string_view, std::string>> fields) {
+    ++failures;
+    log_->Log(failures <= kLoudFailures ? LogLevel::kWarn : LogLevel::kDebug, event, fields);
+    if (failures == kLoudFailures) {
+      log_->Warn("session.redialing",
+                 {{"failures", std::to_string(failures)},
+                  {"note",
+                   "the gateway keeps failing; further failures are logged at debug "
+                   "until a session is welcomed"}});
+    }
+  };
+  while (true) {
+    int welcomes_before;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) break;
+      snapshot_.state = "connecting";
+      snapshot_.session_id.clear();  // the last session's id is not this one's
+      snapshot_.protocol_version = 0;
+      welcomes_before = snapshot_.welcomes;
+    }
+    cv_.notify_all();
+    std::chrono::milliseconds delay{0};
+    absl::StatusOr<std::unique_ptr<transport::FrameStream>> stream = transport_->OpenSession();
+    if (!stream.ok()) {
+      SetState("backoff", std::string(ToStd(stream.status().message())));
+      delay = backoff.Next();
+      failed("session.dial_failed", {{"error", std::string(ToStd(stream.status().message()))},
+                                     {"retry_ms", std::to_string(delay.count())}});
+    } else {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        current_ = stream->get();
+        if (stopping_) (*stream)->CloseSend();
+      }
+      transport::Refusal refusal = Serve(**stream, backoff);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        current_ = nullptr;
+        if (stopping_) break;
+      }
+      cv_.notify_all();
+      std::string error = refusal.code == grpc::StatusCode::OK ? "the gateway ended the session"
+                                                               : refusal.ToString();
+      SetState("backoff", error);
+      if (Snapshot().welcomes > welcomes_before) failures = 0;
+      if (refusal.NeedsPerson()) {
+        log_->Error("session.ended", {{"reason", refusal.reason}, {"error", error}});
+        SetState("stopped");
+        return absl::FailedPreconditionError("the gateway " + refusal.ToString() +
+                                             "; a person must act");
+      }
+      delay = refusal.pushback ? backoff.After(*refusal.pushback) : backoff.Next();
+      failed("session.ended", {{"reason", refusal.reason},
+                               {"error", error},
+                               {"retry_ms", std::to_string(delay.count())}});
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, delay, [&] { return stopping_; });
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    snapshot_.state = "stopped";
+    current_ = nullptr;
+  }
+  cv_.notify_all();
+  log_->Info("session.stopped");
+  return absl::OkStatus();
+}
+
+void SessionEngine::Stop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  stopping_ = true;
+  if (current_ != nullptr) current_->CloseSend();
+  cv_.notify_all();
+  if (!cv_.wait_for(lock, std::chrono::seconds(2), [&] { return current_ == nullptr; })) {
+    current_->Cancel();
+  }
+}
+
+}  // namespace bcd
