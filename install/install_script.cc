@@ -6,6 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "config/config.h"
 #include "fmt/format.h"
+#include "install/install_body.h"
 #include "install/units.h"
 #include "pki/keys.h"
 #include "pki/x509.h"
@@ -136,219 +137,6 @@ absl::StatusOr<std::string> HereDoc(std::string_view text, std::string_view deli
          std::string(delimiter) + "\n";
 }
 
-// The script after its values: everything that does not depend on the flags.
-constexpr std::string_view kBody = R"SCRIPT(
-say() { printf 'bcd-install: %s\n' "$*"; }
-die() {
-  printf 'bcd-install: error: %s\n' "$*" >&2
-  exit 1
-}
-
-root=''
-join=yes
-start=yes
-while [ $# -gt 0 ]; do
-  case $1 in
-    --root)
-      [ $# -ge 2 ] || die "--root needs a directory"
-      root=$2
-      shift 2
-      ;;
-    --root=*)
-      root=${1#--root=}
-      shift
-      ;;
-    --no-join)
-      join=no
-      shift
-      ;;
-    --no-start)
-      start=no
-      shift
-      ;;
-    *) die "unknown option \"$1\" (this installer takes --root DIR, --no-join and --no-start)" ;;
-  esac
-done
-if [ -n "$root" ]; then
-  case $root in
-    /*) ;;
-    *) die "--root must be an absolute path, got \"$root\"" ;;
-  esac
-  case $root in
-    *[!A-Za-z0-9._/+-]*) die "--root may hold only letters, digits and . _ / + -, got \"$root\"" ;;
-  esac
-  while [ "${root%/}" != "$root" ]; do root=${root%/}; done
-fi
-
-# ---- checks: nothing is written before all of them pass
-os=$(uname -s)
-[ "$os" = Linux ] || die "bcd runs on Linux only; this machine runs $os"
-machine=$(uname -m)
-case $machine in
-  x86_64 | amd64) ;;
-  aarch64 | arm64) ;;
-  *) die "bcd runs on x86-64 and arm64 only; this machine is $machine" ;;
-esac
-if [ -z "$root" ] && [ "$(id -u)" != 0 ]; then
-  die "run this as root: it installs a system service (or pass --root DIR to install under DIR)"
-fi
-for tool in cmp mktemp sed; do
-  command -v "$tool" >/dev/null 2>&1 || die "$tool is needed and not installed"
-done
-
-bin=$root/usr/local/bin/bcd
-etc=$root/etc/bcd
-config=$etc/config.toml
-state=$root/var/lib/bcd
-unit_dir=$root/etc/systemd/system
-unit_name=bcd-$role.service
-unit=$unit_dir/$unit_name
-
-# A machine is a node or a site agent, never both: its identity was issued for one role.
-if [ "$role" = node ]; then other=site; else other=node; fi
-if [ -f "$unit_dir/bcd-$other.service" ]; then
-  die "this machine is installed as a $other ($unit_dir/bcd-$other.service); to make it a $role, first remove that: systemctl disable --now bcd-$other.service, then delete the unit, $etc and $state"
-fi
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/bcd-install.XXXXXX") || die "cannot make a temporary directory"
-trap 'rm -rf "$tmp"' EXIT
-trap 'exit 1' HUP INT TERM
-
-# fetch URL FILE: https with curl or wget (https only, redirects included), or a local file://.
-fetch() {
-  case $1 in
-    file://*) cp "${1#file://}" "$2" ;;
-    *)
-      if command -v curl >/dev/null 2>&1; then
-        curl --fail --silent --show-error --location --proto '=https' --proto-redir '=https' \
-          --retry 3 --output "$2" "$1"
-      elif command -v wget >/dev/null 2>&1; then
-        wget --quiet --https-only --tries=3 --output-document="$2" "$1"
-      else
-        die "neither curl nor wget is installed: one of them is needed to download bcd"
-      fi
-      ;;
-  esac
-}
-
-if [ -n "$binary_url" ]; then
-  command -v sha256sum >/dev/null 2>&1 || die "sha256sum is needed to check the download"
-  say "downloading $binary_url"
-  fetch "$binary_url" "$tmp/bcd" || die "could not download $binary_url"
-  got=$(sha256sum "$tmp/bcd" | cut -d ' ' -f 1)
-  if [ "$got" != "$binary_sha256" ]; then
-    die "the download's sha256 is $got, not $binary_sha256: nothing was installed"
-  fi
-  chmod 0755 "$tmp/bcd"
-  "$tmp/bcd" version >/dev/null 2>&1 || die "the downloaded bcd does not run on this $machine machine"
-  say "sha256 checked: $binary_sha256"
-else
-  bin=''
-  for candidate in "$root/usr/local/bin/bcd" "$root/usr/bin/bcd"; do
-    if [ -x "$candidate" ]; then
-      bin=$candidate
-      break
-    fi
-  done
-  if [ -z "$bin" ]; then
-    die "no bcd at $root/usr/local/bin/bcd or $root/usr/bin/bcd: install the bcd package first, or generate this installer with --binary-url and --binary-sha256"
-  fi
-fi
-
-# ---- what this machine will hold
-write_files
-
-# ---- from here on the machine changes
-changed=no
-# place FILE DEST MODE: DEST gets FILE's bytes (atomically, by rename) unless it holds them already.
-place() {
-  (umask 022 && mkdir -p "$(dirname "$2")")
-  if [ -f "$2" ] && cmp -s "$1" "$2"; then
-    chmod "$3" "$2"
-    say "unchanged: $2"
-    return 0
-  fi
-  cp "$1" "$2.bcd-new"
-  chmod "$3" "$2.bcd-new"
-  mv -f "$2.bcd-new" "$2"
-  say "wrote $2"
-  changed=yes
-}
-
-mkdir -p "$etc" "$state"
-chmod 0700 "$etc" "$state"
-if [ -n "$binary_url" ]; then
-  place "$tmp/bcd" "$bin" 0755
-else
-  say "using the installed $bin"
-fi
-for file in "$tmp"/etc/*; do
-  [ -f "$file" ] || continue
-  place "$file" "$etc/${file#"$tmp"/etc/}" 0600
-done
-for file in "$tmp"/etc/release-keys/*; do
-  [ -f "$file" ] || continue
-  mkdir -p "$etc/release-keys"
-  chmod 0700 "$etc/release-keys"
-  place "$file" "$etc/release-keys/${file#"$tmp"/etc/release-keys/}" 0600
-done
-place "$tmp/config.toml" "$config" 0600
-sed -e "s|/usr/bin/bcd|$bin|g" -e "s|/etc/bcd/config.toml|$config|g" "$tmp/unit" >"$tmp/unit.rooted"
-place "$tmp/unit.rooted" "$unit" 0644
-
-systemd=no
-if [ -z "$root" ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
-  systemd=yes
-fi
-if [ -n "$root" ]; then
-  (umask 022 && mkdir -p "$unit_dir/multi-user.target.wants")
-  ln -sf "../$unit_name" "$unit_dir/multi-user.target.wants/$unit_name"
-  say "enabled $unit_name under $root"
-elif command -v systemctl >/dev/null 2>&1; then
-  if [ "$systemd" = yes ]; then
-    systemctl daemon-reload || die "systemctl daemon-reload failed"
-  fi
-  systemctl enable --quiet "$unit_name" || die "systemctl enable $unit_name failed"
-  say "enabled $unit_name"
-else
-  say "no systemctl on this machine: $unit_name is installed but not enabled"
-fi
-
-joined=no
-if [ "$join" = no ]; then
-  say "not joining (--no-join): run \`$bin join --config $config --token-file -\` with the token on stdin"
-elif [ -s "$state/identity.pem" ]; then
-  say "already joined (an identity is in $state): not joining again"
-else
-  say "joining the fleet at $gateway_url as a $role"
-  set +e
-  printf '%s\n' "$token" | "$bin" join --config "$config" --role "$role" --token-file -
-  rc=$?
-  set -e
-  case $rc in
-    0) joined=yes ;;
-    3) die "the gateway refused the join (the token may be used, expired or for another role): generate a new installer" ;;
-    2) die "bcd join refused the config or its options (exit 2): see the message above" ;;
-    *) die "bcd join failed (exit $rc): see the message above; running this installer again retries it" ;;
-  esac
-fi
-
-if [ -n "$root" ]; then
-  say "not started: installed under $root (run $bin $role --config $config)"
-elif [ "$start" = no ]; then
-  say "not started (--no-start): start it with \`systemctl start $unit_name\`"
-elif [ "$systemd" = no ]; then
-  say "systemd is not running here: start bcd with \`$bin $role --config $config\`"
-elif [ "$changed" = yes ] || [ "$joined" = yes ]; then
-  systemctl restart "$unit_name" || die "$unit_name did not start: see journalctl -u $unit_name"
-  say "started $unit_name"
-else
-  systemctl start "$unit_name" || die "$unit_name did not start: see journalctl -u $unit_name"
-  say "$unit_name is running"
-fi
-say "done: bcd $role for $gateway_url; check it with \`$bin status --config $config\`"
-)SCRIPT";
-
 }  // namespace
 
 std::string ShellQuote(std::string_view value) {
@@ -363,17 +151,160 @@ std::string ShellQuote(std::string_view value) {
   return out + "'";
 }
 
-absl::StatusOr<InstallOptions> ParseInstallFlags(
-    const std::vector<std::string>& args,
-    const std::function<absl::StatusOr<std::string>(const std::string&)>& read_file) {
-  InstallOptions o;
-  std::map<std::string, std::string, std::less<>> single;
-  std::vector<std::string> release_keys;
-  constexpr std::string_view kFlags[] = {"--gateway-url",   "--ca-pin",
-                                         "--token",         "--role",
-                                         "--websocket-url", "--proxy-ca-file",
-                                         "--release-key",   "--binary-url",
-                                         "--binary-sha256", "--gateway-server-name"};
+namespace {
+
+using ReadFile = std::function<absl::StatusOr<std::string>(const std::string&)>;
+
+absl::Status Invalid(std::string message) { return absl::InvalidArgumentError(std::move(message)); }
+
+absl::Status SetGatewayUrl(InstallOptions& o, const std::string& value, const ReadFile&) {
+  absl::StatusOr<Url> url = Url::Parse(value, {"https"});
+  if (!url.ok()) return Invalid("--gateway-url: " + Message(url.status()));
+  o.gateway_url = value;
+  return absl::OkStatus();
+}
+
+absl::Status SetCaPin(InstallOptions& o, const std::string& value, const ReadFile&) {
+  absl::StatusOr<Sha256Pin> pin = Sha256Pin::ParseHex(value);
+  if (!pin.ok()) return Invalid("--ca-pin: " + Message(pin.status()));
+  o.ca_pin = pin->Hex();
+  return absl::OkStatus();
+}
+
+absl::Status SetToken(InstallOptions& o, const std::string& value, const ReadFile&) {
+  if (value.empty() || value.size() > kMaxTokenBytes) {
+    return Invalid(fmt::format("--token must be 1 to {} bytes long", kMaxTokenBytes));
+  }
+  for (char c : value) {
+    auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) return Invalid("--token holds a control character");
+  }
+  o.token = value;
+  return absl::OkStatus();
+}
+
+absl::Status SetRole(InstallOptions& o, const std::string& value, const ReadFile&) {
+  if (value != "node" && value != "site") {
+    return Invalid(fmt::format("--role must be node or site, got \"{}\"", value));
+  }
+  o.role = value;
+  return absl::OkStatus();
+}
+
+absl::Status SetServerName(InstallOptions& o, const std::string& value, const ReadFile&) {
+  o.gateway_server_name = absl::AsciiStrToLower(value);
+  return absl::OkStatus();
+}
+
+absl::Status SetWebSocketUrl(InstallOptions& o, const std::string& value, const ReadFile&) {
+  absl::StatusOr<Url> url = Url::Parse(value, {"wss"});
+  if (!url.ok()) return Invalid("--websocket-url: " + Message(url.status()));
+  o.websocket_url = value;
+  return absl::OkStatus();
+}
+
+absl::Status SetProxyCaFile(InstallOptions& o, const std::string& path, const ReadFile& read_file) {
+  if (!o.websocket_url) {
+    return Invalid(
+        "--proxy-ca-file needs --websocket-url: it is trust for the WebSocket transport only");
+  }
+  absl::StatusOr<std::string> pem = read_file(path);
+  if (!pem.ok()) return Invalid(fmt::format("--proxy-ca-file {}: {}", path, Message(pem.status())));
+  absl::StatusOr<std::vector<pki::Certificate>> certs = pki::ParsePemChain(*pem);
+  if (pem->size() > kMaxPemBytes || !certs.ok() || certs->empty()) {
+    return Invalid(fmt::format("--proxy-ca-file {}: expected PEM certificates (at most 64 KiB){}",
+                               path, certs.ok() ? "" : ": " + Message(certs.status())));
+  }
+  o.proxy_ca_pem.emplace();
+  for (const pki::Certificate& cert : *certs) *o.proxy_ca_pem += cert.Pem();
+  return absl::OkStatus();
+}
+
+absl::Status AddReleaseKey(InstallOptions& o, const std::string& key, const ReadFile& read_file) {
+  if (o.release_keys.size() >= kMaxReleaseKeys) {
+    return Invalid(fmt::format("at most {} --release-key flags", kMaxReleaseKeys));
+  }
+  if (IsHex64(key)) {
+    o.release_keys.push_back(absl::AsciiStrToLower(key));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> pem = read_file(key);
+  if (!pem.ok()) {
+    return Invalid(fmt::format(
+        "--release-key {}: neither an SPKI sha256 (64 hex characters) nor a readable file: {}", key,
+        Message(pem.status())));
+  }
+  absl::StatusOr<pki::PublicKey> public_key = pki::PublicKey::FromPem(*pem);
+  if (!public_key.ok()) {
+    return Invalid(fmt::format("--release-key {}: expected a PEM public key (P-256): {}", key,
+                               Message(public_key.status())));
+  }
+  // Re-encoded from the parsed key, so nothing but the key reaches the script.
+  o.release_keys.push_back(public_key->ToPem());
+  return absl::OkStatus();
+}
+
+absl::Status SetBinaryUrl(InstallOptions& o, const std::string& value, const ReadFile&) {
+  if (value.starts_with("file:///")) {
+    for (char c : value) {
+      if (static_cast<unsigned char>(c) < 0x20) {
+        return Invalid("--binary-url holds a control character");
+      }
+    }
+  } else if (absl::StatusOr<Url> url = Url::Parse(value, {"https"}, true); !url.ok()) {
+    return Invalid("--binary-url: " + Message(url.status()) + " (or a file:///path)");
+  }
+  o.binary_url = value;
+  return absl::OkStatus();
+}
+
+absl::Status SetBinarySha256(InstallOptions& o, const std::string& value, const ReadFile&) {
+  absl::StatusOr<Sha256Pin> sha = Sha256Pin::ParseHex(value);
+  if (!sha.ok()) return Invalid("--binary-sha256: " + Message(sha.status()));
+  o.binary_sha256 = sha->Hex();
+  return absl::OkStatus();
+}
+
+struct Flag {
+  std::string_view name;
+  bool required = false;
+  bool repeated = false;
+  absl::Status (*apply)(InstallOptions&, const std::string&, const ReadFile&);
+};
+
+// In the order they are applied: a flag's check may read one applied before it.
+constexpr Flag kFlags[] = {
+    {"--gateway-url", true, false, SetGatewayUrl},
+    {"--ca-pin", true, false, SetCaPin},
+    {"--token", true, false, SetToken},
+    {"--role", false, false, SetRole},
+    {"--gateway-server-name", false, false, SetServerName},
+    {"--websocket-url", false, false, SetWebSocketUrl},
+    {"--proxy-ca-file", false, false, SetProxyCaFile},
+    {"--release-key", false, true, AddReleaseKey},
+    {"--binary-url", false, false, SetBinaryUrl},
+    {"--binary-sha256", false, false, SetBinarySha256},
+};
+
+// What one flag alone cannot say.
+absl::Status CheckTogether(const InstallOptions& o) {
+  if (Url::Parse(o.gateway_url, {"https"})->host_is_ip() && !o.gateway_server_name) {
+    return Invalid(
+        "--gateway-server-name is required when --gateway-url names an IP address: the name the "
+        "gateway certificate carries");
+  }
+  if (o.binary_url.has_value() != o.binary_sha256.has_value()) {
+    return Invalid("--binary-url and --binary-sha256 go together");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<InstallOptions> ParseInstallFlags(const std::vector<std::string>& args,
+                                                 const ReadFile& read_file) {
+  // Every value, by flag, as given ("--name=value" or "--name value").
+  std::map<std::string_view, std::vector<std::string>> given;
   for (std::size_t i = 0; i < args.size(); ++i) {
     std::string name = args[i];
     std::optional<std::string> value;
@@ -381,133 +312,29 @@ absl::StatusOr<InstallOptions> ParseInstallFlags(
       value = name.substr(eq + 1);
       name.resize(eq);
     }
-    if (std::find(std::begin(kFlags), std::end(kFlags), name) == std::end(kFlags)) {
-      return absl::InvalidArgumentError(fmt::format("unknown option \"{}\"", name));
-    }
+    const Flag* flag = std::find_if(std::begin(kFlags), std::end(kFlags),
+                                    [&](const Flag& f) { return f.name == name; });
+    if (flag == std::end(kFlags)) return Invalid(fmt::format("unknown option \"{}\"", name));
     if (!value) {
-      if (i + 1 >= args.size()) {
-        return absl::InvalidArgumentError(fmt::format("{} needs a value", name));
-      }
+      if (i + 1 >= args.size()) return Invalid(fmt::format("{} needs a value", name));
       value = args[++i];
     }
-    if (name == "--release-key") {
-      release_keys.push_back(*value);
-    } else if (!single.emplace(name, *value).second) {
-      return absl::InvalidArgumentError(fmt::format("{} is given twice", name));
-    }
+    std::vector<std::string>& values = given[flag->name];
+    if (!values.empty() && !flag->repeated) return Invalid(fmt::format("{} is given twice", name));
+    values.push_back(*std::move(value));
   }
-  auto take = [&](std::string_view name) -> std::optional<std::string> {
-    auto it = single.find(name);
-    if (it == single.end()) return std::nullopt;
-    return it->second;
-  };
-  for (std::string_view required : {"--gateway-url", "--ca-pin", "--token"}) {
-    if (!take(required)) {
-      return absl::InvalidArgumentError(fmt::format("{} is required", required));
-    }
-  }
-  o.gateway_url = *take("--gateway-url");
-  if (absl::StatusOr<Url> url = Url::Parse(o.gateway_url, {"https"}); !url.ok()) {
-    return absl::InvalidArgumentError("--gateway-url: " + Message(url.status()));
-  } else if (url->host_is_ip() && !take("--gateway-server-name")) {
-    return absl::InvalidArgumentError(
-        "--gateway-server-name is required when --gateway-url names an IP address: the name the "
-        "gateway certificate carries");
-  }
-  if (absl::StatusOr<Sha256Pin> pin = Sha256Pin::ParseHex(*take("--ca-pin")); !pin.ok()) {
-    return absl::InvalidArgumentError("--ca-pin: " + Message(pin.status()));
-  } else {
-    o.ca_pin = pin->Hex();
-  }
-  o.token = *take("--token");
-  if (o.token.empty() || o.token.size() > kMaxTokenBytes) {
-    return absl::InvalidArgumentError(
-        fmt::format("--token must be 1 to {} bytes long", kMaxTokenBytes));
-  }
-  for (char c : o.token) {
-    auto u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u == 0x7f) {
-      return absl::InvalidArgumentError("--token holds a control character");
-    }
-  }
-  o.role = take("--role").value_or("node");
-  if (o.role != "node" && o.role != "site") {
-    return absl::InvalidArgumentError(
-        fmt::format("--role must be node or site, got \"{}\"", o.role));
-  }
-  o.gateway_server_name = take("--gateway-server-name");
-  if (o.gateway_server_name) *o.gateway_server_name = absl::AsciiStrToLower(*o.gateway_server_name);
-  o.websocket_url = take("--websocket-url");
-  if (o.websocket_url) {
-    if (absl::StatusOr<Url> url = Url::Parse(*o.websocket_url, {"wss"}); !url.ok()) {
-      return absl::InvalidArgumentError("--websocket-url: " + Message(url.status()));
-    }
-  }
-  if (std::optional<std::string> path = take("--proxy-ca-file")) {
-    if (!o.websocket_url) {
-      return absl::InvalidArgumentError(
-          "--proxy-ca-file needs --websocket-url: it is trust for the WebSocket transport only");
-    }
-    absl::StatusOr<std::string> pem = read_file(*path);
-    if (!pem.ok()) {
-      return absl::InvalidArgumentError(
-          fmt::format("--proxy-ca-file {}: {}", *path, Message(pem.status())));
-    }
-    absl::StatusOr<std::vector<pki::Certificate>> certs = pki::ParsePemChain(*pem);
-    if (pem->size() > kMaxPemBytes || !certs.ok() || certs->empty()) {
-      return absl::InvalidArgumentError(
-          fmt::format("--proxy-ca-file {}: expected PEM certificates (at most 64 KiB){}", *path,
-                      certs.ok() ? "" : ": " + Message(certs.status())));
-    }
-    o.proxy_ca_pem.emplace();
-    for (const pki::Certificate& cert : *certs) *o.proxy_ca_pem += cert.Pem();
-  }
-  if (release_keys.size() > kMaxReleaseKeys) {
-    return absl::InvalidArgumentError(fmt::format("at most {} --release-key flags, got {}",
-                                                  kMaxReleaseKeys, release_keys.size()));
-  }
-  for (const std::string& key : release_keys) {
-    if (IsHex64(key)) {
-      o.release_keys.push_back(absl::AsciiStrToLower(key));
+  InstallOptions o;
+  for (const Flag& flag : kFlags) {
+    auto it = given.find(flag.name);
+    if (it == given.end()) {
+      if (flag.required) return Invalid(fmt::format("{} is required", flag.name));
       continue;
     }
-    absl::StatusOr<std::string> pem = read_file(key);
-    if (!pem.ok()) {
-      return absl::InvalidArgumentError(fmt::format(
-          "--release-key {}: neither an SPKI sha256 (64 hex characters) nor a readable file: {}",
-          key, Message(pem.status())));
+    for (const std::string& value : it->second) {
+      if (absl::Status s = flag.apply(o, value, read_file); !s.ok()) return s;
     }
-    absl::StatusOr<pki::PublicKey> public_key = pki::PublicKey::FromPem(*pem);
-    if (!public_key.ok()) {
-      return absl::InvalidArgumentError(
-          fmt::format("--release-key {}: expected a PEM public key (P-256): {}", key,
-                      Message(public_key.status())));
-    }
-    // Re-encoded from the parsed key, so nothing but the key reaches the script.
-    o.release_keys.push_back(public_key->ToPem());
   }
-  o.binary_url = take("--binary-url");
-  o.binary_sha256 = take("--binary-sha256");
-  if (o.binary_url.has_value() != o.binary_sha256.has_value()) {
-    return absl::InvalidArgumentError("--binary-url and --binary-sha256 go together");
-  }
-  if (o.binary_url) {
-    if (o.binary_url->starts_with("file:///")) {
-      for (char c : *o.binary_url) {
-        if (static_cast<unsigned char>(c) < 0x20) {
-          return absl::InvalidArgumentError("--binary-url holds a control character");
-        }
-      }
-    } else if (absl::StatusOr<Url> url = Url::Parse(*o.binary_url, {"https"}, true); !url.ok()) {
-      return absl::InvalidArgumentError("--binary-url: " + Message(url.status()) +
-                                        " (or a file:///path)");
-    }
-    absl::StatusOr<Sha256Pin> sha = Sha256Pin::ParseHex(*o.binary_sha256);
-    if (!sha.ok()) {
-      return absl::InvalidArgumentError("--binary-sha256: " + Message(sha.status()));
-    }
-    o.binary_sha256 = sha->Hex();
-  }
+  if (absl::Status s = CheckTogether(o); !s.ok()) return s;
   return o;
 }
 
