@@ -11,29 +11,13 @@
 #include <cerrno>
 #include <cstring>
 
+#include "base/fd.h"
 #include "fmt/format.h"
 
 extern char** environ;
 
 namespace bcd {
 namespace {
-
-// Closes a file descriptor when it goes out of scope.
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { Reset(); }
-  int get() const { return fd_; }
-  void Reset() {
-    if (fd_ >= 0) close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_;
-};
 
 // posix_spawn file actions and attributes, destroyed on scope exit.
 struct SpawnSetup {
@@ -77,18 +61,10 @@ absl::StatusOr<std::string> RunCapped(const std::vector<std::string>& argv,
 
 namespace {
 
-absl::StatusOr<std::string> RunChild(const std::vector<std::string>& argv,
-                                     std::chrono::milliseconds timeout, std::size_t max_output,
-                                     bool* truncated, const std::atomic<bool>* stop,
-                                     const std::vector<std::string>* env) {
-  if (argv.empty()) return absl::InvalidArgumentError("no program to run");
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) {
-    return absl::InternalError(fmt::format("pipe: {}", std::strerror(errno)));
-  }
-  Fd read_end(fds[0]);
-  Fd write_end(fds[1]);
-
+// Starts argv with stdout on `write_end`, stdin and stderr on /dev/null, nothing else of bcd's, and
+// `env` added to the environment when given.
+absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const Fd& write_end,
+                            const std::vector<std::string>* env) {
   SpawnSetup setup;
   posix_spawn_file_actions_addopen(&setup.actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&setup.actions, write_end.get(), STDOUT_FILENO);
@@ -106,79 +82,112 @@ absl::StatusOr<std::string> RunChild(const std::vector<std::string>& argv,
   std::vector<char*> args;
   for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
   args.push_back(nullptr);
-  pid_t pid = 0;
   std::vector<char*> envp;
   if (env != nullptr) {
     for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
     for (const std::string& entry : *env) envp.push_back(const_cast<char*>(entry.c_str()));
     envp.push_back(nullptr);
   }
+  pid_t pid = 0;
   int rc = posix_spawnp(&pid, args[0], &setup.actions, &setup.attr, args.data(),
                         env != nullptr ? envp.data() : environ);
+  if (rc == ENOENT) return absl::NotFoundError(fmt::format("{}: not found", argv[0]));
   if (rc != 0) {
-    if (rc == ENOENT) return absl::NotFoundError(fmt::format("{}: not found", argv[0]));
     return absl::InternalError(fmt::format("{}: cannot start: {}", argv[0], std::strerror(rc)));
   }
-  write_end.Reset();
+  return pid;
+}
 
+// What reading the child's stdout came to.
+struct Collected {
   std::string output;
-  std::string failure;
-  bool stopped = false;
+  std::string failure;   // why the child must be killed; empty when it was not
+  bool stopped = false;  // the stop flag turned
+};
+
+// Reads `from` until EOF, the deadline, the stop flag or too much output. With `truncated`, too
+// much output is cut at `max_output` (and the child killed) rather than a failure.
+Collected Collect(const std::string& program, pid_t pid, const Fd& from,
+                  std::chrono::milliseconds timeout, std::size_t max_output, bool* truncated,
+                  const std::atomic<bool>* stop) {
+  Collected c;
   auto deadline = std::chrono::steady_clock::now() + timeout;
   char buffer[8192];
   while (true) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
-      failure =
-          fmt::format("{}: ran past its {} ms limit and was killed", argv[0], timeout.count());
-      break;
+      c.failure =
+          fmt::format("{}: ran past its {} ms limit and was killed", program, timeout.count());
+      return c;
     }
     if (stop != nullptr && stop->load()) {
-      stopped = true;
-      failure = fmt::format("{}: stopped", argv[0]);
-      break;
+      c.stopped = true;
+      c.failure = fmt::format("{}: stopped", program);
+      return c;
     }
-    pollfd pfd{read_end.get(), POLLIN, 0};
+    pollfd pfd{from.get(), POLLIN, 0};
     // With a stop flag to watch, wake at least every 100 ms.
     int wait =
         static_cast<int>(stop != nullptr ? std::min<int64_t>(left.count(), 100) : left.count());
     int ready = poll(&pfd, 1, wait);
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready <= 0) continue;
-    ssize_t n = read(read_end.get(), buffer, sizeof buffer);
+    if (ready <= 0) continue;  // EINTR or nothing yet
+    ssize_t n = read(from.get(), buffer, sizeof buffer);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    if (output.size() + static_cast<std::size_t>(n) > max_output) {
+    if (n <= 0) return c;
+    if (c.output.size() + static_cast<std::size_t>(n) > max_output) {
       if (truncated != nullptr) {
-        output.append(buffer, max_output - output.size());
+        c.output.append(buffer, max_output - c.output.size());
         *truncated = true;
         kill(pid, SIGKILL);
-        break;
+        return c;
       }
-      failure = fmt::format("{}: printed more than {} bytes", argv[0], max_output);
-      break;
+      c.failure = fmt::format("{}: printed more than {} bytes", program, max_output);
+      return c;
     }
-    output.append(buffer, static_cast<std::size_t>(n));
+    c.output.append(buffer, static_cast<std::size_t>(n));
   }
-  if (!failure.empty()) kill(pid, SIGKILL);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (stopped) return absl::CancelledError(failure);
-  if (!failure.empty()) return absl::DeadlineExceededError(failure);
-  if (truncated != nullptr && *truncated) return output;  // killed on purpose
+}
+
+// The answer once the child is reaped.
+absl::StatusOr<std::string> Verdict(const std::string& program, int status, Collected c,
+                                    bool truncated) {
+  if (c.stopped) return absl::CancelledError(c.failure);
+  if (!c.failure.empty()) return absl::DeadlineExceededError(c.failure);
+  if (truncated) return std::move(c.output);  // killed on purpose
   if (WIFSIGNALED(status)) {
-    return absl::InternalError(fmt::format("{}: killed by signal {}", argv[0], WTERMSIG(status)));
+    return absl::InternalError(fmt::format("{}: killed by signal {}", program, WTERMSIG(status)));
   }
-  if (WEXITSTATUS(status) == 127 && output.empty()) {
-    return absl::NotFoundError(fmt::format("{}: not found", argv[0]));
+  if (WEXITSTATUS(status) == 127 && c.output.empty()) {
+    return absl::NotFoundError(fmt::format("{}: not found", program));
   }
   if (WEXITSTATUS(status) != 0) {
     return absl::InternalError(
-        fmt::format("{}: exited with status {}", argv[0], WEXITSTATUS(status)));
+        fmt::format("{}: exited with status {}", program, WEXITSTATUS(status)));
   }
-  return output;
+  return std::move(c.output);
+}
+
+absl::StatusOr<std::string> RunChild(const std::vector<std::string>& argv,
+                                     std::chrono::milliseconds timeout, std::size_t max_output,
+                                     bool* truncated, const std::atomic<bool>* stop,
+                                     const std::vector<std::string>* env) {
+  if (argv.empty()) return absl::InvalidArgumentError("no program to run");
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    return absl::InternalError(fmt::format("pipe: {}", std::strerror(errno)));
+  }
+  Fd read_end(fds[0]);
+  Fd write_end(fds[1]);
+  absl::StatusOr<pid_t> pid = Spawn(argv, write_end, env);
+  if (!pid.ok()) return pid.status();
+  write_end.reset();
+  Collected collected = Collect(argv[0], *pid, read_end, timeout, max_output, truncated, stop);
+  if (!collected.failure.empty()) kill(*pid, SIGKILL);
+  int status = 0;
+  while (waitpid(*pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return Verdict(argv[0], status, std::move(collected), truncated != nullptr && *truncated);
 }
 
 }  // namespace
