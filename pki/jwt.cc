@@ -83,9 +83,11 @@ absl::StatusOr<std::size_t> CheckJwks(std::string_view jwks_json) {
   return count;
 }
 
-absl::StatusOr<TunnelTicket> TunnelTicket::Verify(std::string_view compact,
-                                                  std::string_view jwks_json,
-                                                  const TicketExpectation& expect) {
+namespace {
+
+// The claims of a compact JWS whose header allows ES256 only and whose signature verifies under
+// the JWKS key its kid names.
+absl::StatusOr<json> VerifiedClaims(std::string_view compact, std::string_view jwks_json) {
   if (compact.size() > kMaxTicketBytes) {
     return Refuse(fmt::format("{} bytes is over the bound of {}", compact.size(), kMaxTicketBytes));
   }
@@ -113,17 +115,21 @@ absl::StatusOr<TunnelTicket> TunnelTicket::Verify(std::string_view compact,
   std::optional<std::string> payload_text = Base64UrlDecode(parts[1]);
   std::optional<json> claims = payload_text ? ParseJsonObject(*payload_text, 8192) : std::nullopt;
   if (!claims) return Refuse("the claims are not base64url of a JSON object");
+  return *std::move(claims);
+}
 
+// Audience, lifetime and clock, session and tunnel: the ticket is for this tunnel, now.
+absl::Status CheckBinding(const json& claims, const TicketExpectation& expect) {
   std::string audience = fmt::format("node:{}", expect.node_id);
-  auto aud = claims->find("aud");
-  bool aud_ok = aud != claims->end() &&
+  auto aud = claims.find("aud");
+  bool aud_ok = aud != claims.end() &&
                 ((aud->is_string() && *aud == audience) ||
                  (aud->is_array() && std::find(aud->begin(), aud->end(), audience) != aud->end()));
   if (!aud_ok) {
-    return Refuse(fmt::format("aud {} is not \"{}\"", aud == claims->end() ? "(none)" : aud->dump(),
+    return Refuse(fmt::format("aud {} is not \"{}\"", aud == claims.end() ? "(none)" : aud->dump(),
                               audience));
   }
-  std::optional<int64_t> iat = IntClaim(*claims, "iat"), exp = IntClaim(*claims, "exp");
+  std::optional<int64_t> iat = IntClaim(claims, "iat"), exp = IntClaim(claims, "exp");
   if (!iat || !exp) return Refuse("iat and exp must be integers");
   if (*exp <= *iat || *exp - *iat > kTicketMaxLifetime) {
     return Refuse(fmt::format("lifetime exp - iat = {} s is not within 1..{} s", *exp - *iat,
@@ -135,41 +141,49 @@ absl::StatusOr<TunnelTicket> TunnelTicket::Verify(std::string_view compact,
   if (*iat > expect.now + kTicketClockSkew) {
     return Refuse(fmt::format("it is issued in the future, at {} (now {})", *iat, expect.now));
   }
-  TunnelTicket ticket;
-  std::optional<std::string> jti = StringClaim(*claims, "jti");
-  if (!jti || jti->empty() || jti->size() > 256) return Refuse("jti is missing, empty or too long");
-  if (StringClaim(*claims, "sid") != expect.session_id) {
+  if (StringClaim(claims, "sid") != expect.session_id) {
     return Refuse(fmt::format("sid \"{}\" is not this session's \"{}\"",
-                              StringClaim(*claims, "sid").value_or(""), expect.session_id));
+                              StringClaim(claims, "sid").value_or(""), expect.session_id));
   }
-  if (StringClaim(*claims, "tid") != expect.tunnel_id) {
+  if (StringClaim(claims, "tid") != expect.tunnel_id) {
     return Refuse(fmt::format("tid \"{}\" is not the tunnel id \"{}\"",
-                              StringClaim(*claims, "tid").value_or(""), expect.tunnel_id));
+                              StringClaim(claims, "tid").value_or(""), expect.tunnel_id));
   }
-  std::optional<std::string> op = StringClaim(*claims, "op");
+  return absl::OkStatus();
+}
+
+// What the op needs, as the ticket's claims give it.
+struct OpClaims {
+  std::string op, host, instance;
+  std::vector<std::string> cmd;
+  uint16_t port = 0, rows = 0, cols = 0;
+};
+
+absl::StatusOr<OpClaims> ReadOp(const json& claims) {
+  OpClaims out;
+  std::optional<std::string> op = StringClaim(claims, "op");
   if (op == "exec") {
-    auto cmd = claims->find("cmd");
-    if (cmd == claims->end() || !cmd->is_array() || cmd->empty()) {
+    auto cmd = claims.find("cmd");
+    if (cmd == claims.end() || !cmd->is_array() || cmd->empty()) {
       return Refuse("an exec ticket needs cmd, a non-empty array of strings");
     }
     for (const json& arg : *cmd) {
       if (!arg.is_string()) return Refuse("an exec ticket needs cmd, a non-empty array of strings");
-      ticket.cmd_.push_back(arg.get<std::string>());
+      out.cmd.push_back(arg.get<std::string>());
     }
   } else if (op == "tcp" || op == "instance-tcp") {
     const char* target = op == "tcp" ? "host" : "instance";
-    std::optional<std::string> name = StringClaim(*claims, target);
-    std::optional<uint16_t> port = PortClaim(*claims, "port", 1);
+    std::optional<std::string> name = StringClaim(claims, target);
+    std::optional<uint16_t> port = PortClaim(claims, "port", 1);
     if (!name || name->empty() || !port) {
       return Refuse(fmt::format("a {} ticket needs {} and a port from 1 to 65535", *op, target));
     }
-    (op == "tcp" ? ticket.host_ : ticket.instance_) = *name;
-    ticket.port_ = *port;
+    (op == "tcp" ? out.host : out.instance) = *name;
+    out.port = *port;
   } else if (op == "shell") {
-    for (auto [name, field] :
-         {std::pair{"rows", &ticket.rows_}, std::pair{"cols", &ticket.cols_}}) {
-      if (!claims->contains(name)) continue;
-      std::optional<uint16_t> value = PortClaim(*claims, name, 1);
+    for (auto [name, field] : {std::pair{"rows", &out.rows}, std::pair{"cols", &out.cols}}) {
+      if (!claims.contains(name)) continue;
+      std::optional<uint16_t> value = PortClaim(claims, name, 1);
       if (!value || *value > 10000)
         return Refuse(fmt::format("{} must be an integer from 1 to 10000", name));
       *field = *value;
@@ -178,9 +192,32 @@ absl::StatusOr<TunnelTicket> TunnelTicket::Verify(std::string_view compact,
     return Refuse(
         fmt::format("op \"{}\" is not shell, exec, tcp or instance-tcp", op.value_or("")));
   }
-  ticket.op_ = *op;
+  out.op = *op;
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<TunnelTicket> TunnelTicket::Verify(std::string_view compact,
+                                                  std::string_view jwks_json,
+                                                  const TicketExpectation& expect) {
+  absl::StatusOr<json> claims = VerifiedClaims(compact, jwks_json);
+  if (!claims.ok()) return claims.status();
+  if (absl::Status s = CheckBinding(*claims, expect); !s.ok()) return s;
+  std::optional<std::string> jti = StringClaim(*claims, "jti");
+  if (!jti || jti->empty() || jti->size() > 256) return Refuse("jti is missing, empty or too long");
+  absl::StatusOr<OpClaims> op = ReadOp(*claims);
+  if (!op.ok()) return op.status();
+  TunnelTicket ticket;
+  ticket.op_ = std::move(op->op);
+  ticket.cmd_ = std::move(op->cmd);
+  ticket.host_ = std::move(op->host);
+  ticket.instance_ = std::move(op->instance);
+  ticket.port_ = op->port;
+  ticket.rows_ = op->rows;
+  ticket.cols_ = op->cols;
   ticket.jti_ = *jti;
-  ticket.exp_ = *exp;
+  ticket.exp_ = *IntClaim(*claims, "exp");
   return ticket;
 }
 
