@@ -64,6 +64,84 @@ absl::StatusOr<std::string> KeyWrap(std::string_view kek, std::string_view in, b
   return out;
 }
 
+// The protected header allows one algorithm and nothing that points elsewhere; its epk is the
+// sender's ephemeral P-256 key.
+absl::StatusOr<PublicKey> CheckHeader(const json& header, const JweExpectation& expect) {
+  auto member = [&](std::string_view name) { return StringMember(header, name); };
+  if (std::optional<std::string> alg = member("alg"); alg != kAlg) {
+    return Refuse(fmt::format("alg \"{}\" is not {}", alg.value_or(""), kAlg));
+  }
+  if (std::optional<std::string> enc = member("enc"); enc != kEnc) {
+    return Refuse(fmt::format("enc \"{}\" is not {}", enc.value_or(""), kEnc));
+  }
+  if (std::optional<std::string> typ = member("typ"); typ != expect.typ) {
+    return Refuse(fmt::format("typ \"{}\" is not {}", typ.value_or(""), expect.typ));
+  }
+  for (const char* forbidden : {"zip", "crit", "jku", "jwk", "x5u", "x5c"}) {
+    if (header.contains(forbidden))
+      return Refuse(fmt::format("header member \"{}\" is not allowed", forbidden));
+  }
+  for (const char* party : {"apu", "apv"}) {
+    if (header.contains(party) && member(party) != "") {
+      return Refuse(fmt::format("{} must be empty", party));
+    }
+  }
+  auto epk = header.find("epk");
+  if (epk == header.end() || StringMember(*epk, "kty") != "EC" ||
+      StringMember(*epk, "crv") != "P-256") {
+    return Refuse("epk is not an EC P-256 JWK");
+  }
+  std::optional<std::string> x_text = StringMember(*epk, "x"), y_text = StringMember(*epk, "y");
+  std::optional<std::string> x = x_text ? Base64UrlDecode(*x_text) : std::nullopt;
+  std::optional<std::string> y = y_text ? Base64UrlDecode(*y_text) : std::nullopt;
+  if (!x || !y) return Refuse("epk x or y is not base64url");
+  absl::StatusOr<PublicKey> ephemeral = PublicKey::FromXY(*x, *y);
+  if (!ephemeral.ok()) return Refuse("epk is not a point on P-256");
+  return ephemeral;
+}
+
+// AES-256-GCM with the protected header as additional data; an error when it does not
+// authenticate.
+absl::StatusOr<std::string> Decrypt(const std::string& cek, const std::string& iv,
+                                    std::string_view aad, const std::string& ciphertext,
+                                    const std::string& tag) {
+  EvpCipherCtxPtr ctx(EVP_CIPHER_CTX_new());
+  std::string plaintext(ciphertext.size(), '\0');
+  int n = 0, m = 0;
+  if (EVP_DecryptInit_ex2(ctx.get(), EVP_aes_256_gcm(), nullptr, nullptr, nullptr) != 1 ||
+      EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_SET_IVLEN, 12, nullptr) != 1 ||
+      EVP_DecryptInit_ex2(ctx.get(), nullptr, U(cek), U(iv), nullptr) != 1 ||
+      EVP_DecryptUpdate(ctx.get(), nullptr, &n, U(aad), static_cast<int>(aad.size())) != 1 ||
+      EVP_DecryptUpdate(ctx.get(), U(plaintext), &n, U(ciphertext),
+                        static_cast<int>(ciphertext.size())) != 1 ||
+      EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_SET_TAG, 16, const_cast<char*>(tag.data())) !=
+          1 ||
+      EVP_DecryptFinal_ex(ctx.get(), U(plaintext) + n, &m) != 1) {
+    OpenSslError();
+    return Refuse("it does not authenticate (tampered)");
+  }
+  plaintext.resize(static_cast<std::size_t>(n + m));
+  return plaintext;
+}
+
+// Checked after authentication: the header is now known to come from the sender.
+absl::Status CheckBindings(const json& header, const JweExpectation& expect) {
+  for (const auto& [name, value] : expect.bindings) {
+    std::optional<std::string> got = StringMember(header, name);
+    if (got != value) {
+      return Refuse(fmt::format("{} \"{}\" does not match the request's \"{}\"", name,
+                                got.value_or(""), value));
+    }
+  }
+  auto exp = header.find("exp");
+  if (exp == header.end() || !exp->is_number_integer())
+    return Refuse("exp is missing or not an integer");
+  if (exp->get<int64_t>() <= expect.now) {
+    return Refuse(fmt::format("it expired at {} (now {})", exp->get<int64_t>(), expect.now));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> OpenJwe(std::string_view compact, const PrivateKey& recipient,
@@ -78,36 +156,8 @@ absl::StatusOr<std::string> OpenJwe(std::string_view compact, const PrivateKey& 
   std::optional<json> header =
       header_text ? ParseJsonObject(*header_text, kMaxHeaderBytes) : std::nullopt;
   if (!header) return Refuse("the protected header is not base64url of a JSON object");
-  auto member = [&](std::string_view name) { return StringMember(*header, name); };
-  if (std::optional<std::string> alg = member("alg"); alg != kAlg) {
-    return Refuse(fmt::format("alg \"{}\" is not {}", alg.value_or(""), kAlg));
-  }
-  if (std::optional<std::string> enc = member("enc"); enc != kEnc) {
-    return Refuse(fmt::format("enc \"{}\" is not {}", enc.value_or(""), kEnc));
-  }
-  if (std::optional<std::string> typ = member("typ"); typ != expect.typ) {
-    return Refuse(fmt::format("typ \"{}\" is not {}", typ.value_or(""), expect.typ));
-  }
-  for (const char* forbidden : {"zip", "crit", "jku", "jwk", "x5u", "x5c"}) {
-    if (header->contains(forbidden))
-      return Refuse(fmt::format("header member \"{}\" is not allowed", forbidden));
-  }
-  for (const char* party : {"apu", "apv"}) {
-    if (header->contains(party) && member(party) != "") {
-      return Refuse(fmt::format("{} must be empty", party));
-    }
-  }
-  auto epk = header->find("epk");
-  if (epk == header->end() || StringMember(*epk, "kty") != "EC" ||
-      StringMember(*epk, "crv") != "P-256") {
-    return Refuse("epk is not an EC P-256 JWK");
-  }
-  std::optional<std::string> x_text = StringMember(*epk, "x"), y_text = StringMember(*epk, "y");
-  std::optional<std::string> x = x_text ? Base64UrlDecode(*x_text) : std::nullopt;
-  std::optional<std::string> y = y_text ? Base64UrlDecode(*y_text) : std::nullopt;
-  if (!x || !y) return Refuse("epk x or y is not base64url");
-  absl::StatusOr<PublicKey> ephemeral = PublicKey::FromXY(*x, *y);
-  if (!ephemeral.ok()) return Refuse("epk is not a point on P-256");
+  absl::StatusOr<PublicKey> ephemeral = CheckHeader(*header, expect);
+  if (!ephemeral.ok()) return ephemeral.status();
   std::optional<std::string> wrapped = Base64UrlDecode(parts[1]);
   std::optional<std::string> iv = Base64UrlDecode(parts[2]);
   std::optional<std::string> ciphertext = Base64UrlDecode(parts[3]);
@@ -126,36 +176,9 @@ absl::StatusOr<std::string> OpenJwe(std::string_view compact, const PrivateKey& 
   if (!cek.ok() || cek->size() != 32) {
     return Refuse("the content key does not unwrap (another recipient, or tampered)");
   }
-  EvpCipherCtxPtr ctx(EVP_CIPHER_CTX_new());
-  std::string plaintext(ciphertext->size(), '\0');
-  int n = 0, m = 0;
-  if (EVP_DecryptInit_ex2(ctx.get(), EVP_aes_256_gcm(), nullptr, nullptr, nullptr) != 1 ||
-      EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_SET_IVLEN, 12, nullptr) != 1 ||
-      EVP_DecryptInit_ex2(ctx.get(), nullptr, U(*cek), U(*iv), nullptr) != 1 ||
-      EVP_DecryptUpdate(ctx.get(), nullptr, &n, U(parts[0]), static_cast<int>(parts[0].size())) !=
-          1 ||
-      EVP_DecryptUpdate(ctx.get(), U(plaintext), &n, U(*ciphertext),
-                        static_cast<int>(ciphertext->size())) != 1 ||
-      EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_SET_TAG, 16, tag->data()) != 1 ||
-      EVP_DecryptFinal_ex(ctx.get(), U(plaintext) + n, &m) != 1) {
-    OpenSslError();
-    return Refuse("it does not authenticate (tampered)");
-  }
-  plaintext.resize(static_cast<std::size_t>(n + m));
-  // Checked after authentication: the header is now known to come from the sender.
-  for (const auto& [name, value] : expect.bindings) {
-    std::optional<std::string> got = member(name);
-    if (got != value) {
-      return Refuse(fmt::format("{} \"{}\" does not match the request's \"{}\"", name,
-                                got.value_or(""), value));
-    }
-  }
-  auto exp = header->find("exp");
-  if (exp == header->end() || !exp->is_number_integer())
-    return Refuse("exp is missing or not an integer");
-  if (exp->get<int64_t>() <= expect.now) {
-    return Refuse(fmt::format("it expired at {} (now {})", exp->get<int64_t>(), expect.now));
-  }
+  absl::StatusOr<std::string> plaintext = Decrypt(*cek, *iv, parts[0], *ciphertext, *tag);
+  if (!plaintext.ok()) return plaintext.status();
+  if (absl::Status s = CheckBindings(*header, expect); !s.ok()) return s;
   return plaintext;
 }
 

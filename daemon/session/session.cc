@@ -250,52 +250,30 @@ bool SessionEngine::Handle(const v1::ServerFrame& frame) {
   }
 }
 
-transport::Refusal SessionEngine::Serve(transport::FrameStream& stream, Backoff& backoff) {
-  auto fail = [&](std::string why) {
-    stream.Cancel();
-    transport::Refusal refusal = stream.Finish();
-    refusal.message = std::move(why);
-    refusal.reason = "protocol-error";
-    return refusal;
-  };
-  if (!stream.Write(Hello())) return stream.Finish();
-  v1::ServerFrame first;
-  bool welcome_late = false;
+bool SessionEngine::ReadFirst(transport::FrameStream& stream, v1::ServerFrame* first, bool* late) {
+  // A gateway that never answers Hello must not hold the session: past the timeout the stream is
+  // cancelled, which ends the Read below.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool answered = false;
+  std::thread watch([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!cv.wait_for(lock, options_.welcome_timeout, [&] { return answered; })) {
+      *late = true;
+      stream.Cancel();
+    }
+  });
+  bool read = stream.Read(first);
   {
-    // A gateway that never answers Hello must not hold the session: past the timeout the stream is
-    // cancelled, which ends the Read below.
-    std::mutex mu;
-    std::condition_variable cv;
-    bool answered = false;
-    std::thread watch([&] {
-      std::unique_lock<std::mutex> lock(mu);
-      if (!cv.wait_for(lock, options_.welcome_timeout, [&] { return answered; })) {
-        welcome_late = true;
-        stream.Cancel();
-      }
-    });
-    bool read = stream.Read(&first);
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      answered = true;
-    }
-    cv.notify_all();
-    watch.join();
-    if (welcome_late) {
-      return fail(fmt::format(
-          "no Welcome within {} s of the session's start",
-          std::chrono::duration_cast<std::chrono::seconds>(options_.welcome_timeout).count()));
-    }
-    if (!read) return stream.Finish();
+    std::lock_guard<std::mutex> lock(mu);
+    answered = true;
   }
-  if (!first.has_welcome()) return fail("the gateway's first frame was not Welcome");
-  const v1::Welcome& welcome = first.welcome();
-  if (absl::Status s = proto::CheckWelcomeVersion(options_.range, welcome.protocol_version(),
-                                                  welcome.upgrade_required());
-      !s.ok()) {
-    return fail(std::string(ToStd(s.message())));
-  }
-  backoff.Reset();
+  cv.notify_all();
+  watch.join();
+  return read;
+}
+
+void SessionEngine::Welcomed(transport::FrameStream& stream, const v1::Welcome& welcome) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     snapshot_.state = "connected";
@@ -318,7 +296,9 @@ transport::Refusal SessionEngine::Serve(transport::FrameStream& stream, Backoff&
   if (secrets_ != nullptr) secrets_->SessionUp(Snapshot().welcomes);
   if (welcome.has_trust()) ApplyTrust(welcome.trust());
   stream.Write(Status());
+}
 
+void SessionEngine::Converse(transport::FrameStream& stream) {
   // The periodic StatusReport, until this connection ends.
   std::mutex ticker_mu;
   std::condition_variable ticker_cv;
@@ -348,6 +328,36 @@ transport::Refusal SessionEngine::Serve(transport::FrameStream& stream, Backoff&
     live_ = nullptr;
   }
   if (secrets_ != nullptr) secrets_->SessionDown();  // waits on this session fail now
+}
+
+transport::Refusal SessionEngine::Serve(transport::FrameStream& stream, Backoff& backoff) {
+  auto fail = [&](std::string why) {
+    stream.Cancel();
+    transport::Refusal refusal = stream.Finish();
+    refusal.message = std::move(why);
+    refusal.reason = "protocol-error";
+    return refusal;
+  };
+  if (!stream.Write(Hello())) return stream.Finish();
+  v1::ServerFrame first;
+  bool late = false;
+  bool read = ReadFirst(stream, &first, &late);
+  if (late) {
+    return fail(fmt::format(
+        "no Welcome within {} s of the session's start",
+        std::chrono::duration_cast<std::chrono::seconds>(options_.welcome_timeout).count()));
+  }
+  if (!read) return stream.Finish();
+  if (!first.has_welcome()) return fail("the gateway's first frame was not Welcome");
+  const v1::Welcome& welcome = first.welcome();
+  if (absl::Status s = proto::CheckWelcomeVersion(options_.range, welcome.protocol_version(),
+                                                  welcome.upgrade_required());
+      !s.ok()) {
+    return fail(std::string(ToStd(s.message())));
+  }
+  backoff.Reset();
+  Welcomed(stream, welcome);
+  Converse(stream);
   return stream.Finish();
 }
 

@@ -112,7 +112,16 @@ class SessionEngine {
                  std::chrono::milliseconds timeout) const;
 
  private:
+  // One connection: Hello, Welcome (checked), then Converse until it ends.
   transport::Refusal Serve(transport::FrameStream& stream, class Backoff& backoff);
+  // The gateway's first frame, cancelling the stream past welcome_timeout (then `*late`).
+  bool ReadFirst(transport::FrameStream& stream, bettercompute::agent::v1::ServerFrame* first,
+                 bool* late);
+  // The session is up: state, what the outbox holds again, secrets, trust, a StatusReport.
+  void Welcomed(transport::FrameStream& stream, const bettercompute::agent::v1::Welcome& welcome);
+  // Frames in, StatusReports out (on change and periodically), until the stream ends; then the
+  // session's tunnels and secret waits end with it.
+  void Converse(transport::FrameStream& stream);
   // Both return true when what StatusReport says changed.
   bool Handle(const bettercompute::agent::v1::ServerFrame& frame);
   bool ApplyTrust(const bettercompute::agent::v1::SignedTrustBundle& bundle);
