@@ -167,6 +167,39 @@ std::optional<std::string> TakeOption(std::vector<std::string>* rest, std::strin
   return std::nullopt;
 }
 
+// The token in `path`, or on stdin for "-" (the installer pipes it in, so it never shows in
+// `ps`): its first line, which must not be empty.
+absl::StatusOr<std::string> ReadToken(const std::string& path, const CliEnv& env) {
+  absl::StatusOr<std::string> text = absl::InvalidArgumentError("stdin is not available");
+  if (path == "-") {
+    if (env.in != nullptr) {
+      std::string line;
+      std::getline(*env.in, line);
+      text = line;
+    }
+  } else {
+    text = ReadWholeFile(path, 64 * 1024);
+  }
+  if (!text.ok()) return text.status();
+  std::string value = text->substr(0, text->find('\n'));
+  if (!value.empty() && value.back() == '\r') value.pop_back();
+  if (value.empty()) return absl::InvalidArgumentError("no token in it");
+  return value;
+}
+
+// The exit code for a failed join.
+int JoinFailed(const absl::Status& status, const CliEnv& env) {
+  fmt::print(env.err, "bcd join: {}\n", ToStd(status.message()));
+  switch (status.code()) {
+    case absl::StatusCode::kPermissionDenied:
+      return kExitJoinRefused;
+    case absl::StatusCode::kInvalidArgument:
+      return kExitUsage;
+    default:
+      return kExitOther;
+  }
+}
+
 int Join(Flags flags, const CliEnv& env) {
   bool bad = false;
   std::optional<std::string> token = TakeOption(&flags.rest, "--token", &bad);
@@ -186,29 +219,13 @@ int Join(Flags flags, const CliEnv& env) {
     return kExitUsage;
   }
   if (token_file) {
-    // A file, or "-" for stdin: the installer pipes the token in, so it never shows in `ps`.
-    absl::StatusOr<std::string> text = absl::InvalidArgumentError("stdin is not available");
-    if (*token_file == "-") {
-      if (env.in != nullptr) {
-        std::string line;
-        std::getline(*env.in, line);
-        text = line;
-      }
-    } else {
-      text = ReadWholeFile(*token_file, 64 * 1024);
-    }
-    if (!text.ok()) {
+    absl::StatusOr<std::string> value = ReadToken(*token_file, env);
+    if (!value.ok()) {
       fmt::print(env.err, "bcd join: --token-file {}: {}\n", *token_file,
-                 ToStd(text.status().message()));
+                 ToStd(value.status().message()));
       return kExitUsage;
     }
-    std::string value = text->substr(0, text->find('\n'));
-    if (!value.empty() && value.back() == '\r') value.pop_back();
-    if (value.empty()) {
-      fmt::print(env.err, "bcd join: --token-file {}: no token in it\n", *token_file);
-      return kExitUsage;
-    }
-    token = value;
+    token = *value;
   }
   if (token.has_value() == node_id.has_value()) {
     fmt::print(env.err, "bcd join: give either --token T (or --token-file F) or --node-id N\n");
@@ -248,16 +265,7 @@ int Join(Flags flags, const CliEnv& env) {
   spec.sleep = env.sleep;
   spec.progress = &env.out;
   absl::StatusOr<Identity> identity = JoinFleet(*config, spec);
-  if (identity.ok()) return kExitOk;
-  fmt::print(env.err, "bcd join: {}\n", ToStd(identity.status().message()));
-  switch (identity.status().code()) {
-    case absl::StatusCode::kPermissionDenied:
-      return kExitJoinRefused;
-    case absl::StatusCode::kInvalidArgument:
-      return kExitUsage;
-    default:
-      return kExitOther;
-  }
+  return identity.ok() ? kExitOk : JoinFailed(identity.status(), env);
 }
 
 // Prints the installer the flags describe; reads the files they name (proxy CA, release keys).
@@ -273,6 +281,56 @@ int InstallScript(const Flags& flags, const CliEnv& env) {
   fmt::print(env.out, "{}", *script);
   return kExitOk;
 }
+
+// Under systemd (Type=notify): READY once the first session is up, or after 30 s without one
+// (the daemon is running and redialing; a unit must not sit in "activating" for a gateway that is
+// down); WATCHDOG=1 while the session engine answers; STOPPING=1 on the way out. Does nothing
+// without a notify socket.
+class SystemdLoop {
+ public:
+  SystemdLoop(std::optional<SystemdNotifier> systemd, Agent* agent)
+      : systemd_(std::move(systemd)), agent_(agent) {
+    if (systemd_) thread_ = std::thread([this] { Loop(); });
+  }
+  ~SystemdLoop() { Stopping(); }
+  void Stopping() {
+    if (!thread_.joinable()) return;
+    systemd_->Notify("STOPPING=1");
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      finished_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  void Loop() {
+    bool welcomed = agent_->WaitUntil(
+        [](const SessionSnapshot& s) { return s.welcomes > 0 || s.state == "stopped"; },
+        std::chrono::seconds(30));
+    SessionSnapshot s = agent_->Snapshot();
+    systemd_->Notify(welcomed && s.welcomes > 0
+                         ? "READY=1\nSTATUS=connected"
+                         : "READY=1\nSTATUS=no session yet: " + s.last_error.substr(0, 200));
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!finished_) {
+      auto interval = systemd_->watchdog_interval().value_or(std::chrono::seconds(3600));
+      if (cv_.wait_for(lock, interval, [&] { return finished_; })) break;
+      lock.unlock();
+      (void)agent_->Snapshot();  // blocks, and so stops the pings, if the engine is stuck
+      if (systemd_->watchdog_interval()) systemd_->Notify("WATCHDOG=1");
+      lock.lock();
+    }
+  }
+
+  std::optional<SystemdNotifier> systemd_;
+  Agent* agent_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool finished_ = false;  // guarded by mu_
+  std::thread thread_;
+};
 
 // Runs a mode in the foreground until SIGTERM or SIGINT.
 int RunMode(const Flags& flags, const CliEnv& env, proto::Mode mode) {
@@ -319,44 +377,9 @@ int RunMode(const Flags& flags, const CliEnv& env, proto::Mode mode) {
       (*daemon)->Stop();
     }
   });
-  // Under systemd (Type=notify): READY once the first session is up, or after 30 s without one
-  // (the daemon is running and redialing; a unit must not sit in "activating" for a gateway that
-  // is down); WATCHDOG=1 while the session engine answers; STOPPING=1 on the way out.
-  std::optional<SystemdNotifier> systemd = SystemdNotifier::FromEnvironment(transport::ProcessEnv);
-  std::mutex notify_mu;
-  std::condition_variable notify_cv;
-  bool finished = false;
-  std::thread notifier;
-  if (systemd) {
-    notifier = std::thread([&] {
-      bool welcomed = (*daemon)->WaitUntil(
-          [](const SessionSnapshot& s) { return s.welcomes > 0 || s.state == "stopped"; },
-          std::chrono::seconds(30));
-      SessionSnapshot s = (*daemon)->Snapshot();
-      systemd->Notify(welcomed && s.welcomes > 0
-                          ? "READY=1\nSTATUS=connected"
-                          : "READY=1\nSTATUS=no session yet: " + s.last_error.substr(0, 200));
-      std::unique_lock<std::mutex> lock(notify_mu);
-      while (!finished) {
-        auto interval = systemd->watchdog_interval().value_or(std::chrono::seconds(3600));
-        if (notify_cv.wait_for(lock, interval, [&] { return finished; })) break;
-        lock.unlock();
-        (void)(*daemon)->Snapshot();  // blocks, and so stops the pings, if the engine is stuck
-        if (systemd->watchdog_interval()) systemd->Notify("WATCHDOG=1");
-        lock.lock();
-      }
-    });
-  }
+  SystemdLoop systemd(SystemdNotifier::FromEnvironment(transport::ProcessEnv), daemon->get());
   absl::Status status = (*daemon)->Run();
-  if (systemd) {
-    systemd->Notify("STOPPING=1");
-    {
-      std::lock_guard<std::mutex> lock(notify_mu);
-      finished = true;
-    }
-    notify_cv.notify_all();
-    notifier.join();
-  }
+  systemd.Stopping();
   pthread_kill(waiter.native_handle(), SIGUSR1);
   waiter.join();
   if (status.ok()) return kExitOk;
