@@ -248,29 +248,9 @@ class ConfigParser {
         root, "",
         {
             {"gateway_url",
-             [&](const toml::node& n, const std::string& k) {
-               if (auto s = String(n, k)) {
-                 if (auto url = Url::Parse(*s, {"https"}); !url.ok()) {
-                   Error(n, k, ToStd(url.status().message()));
-                 } else if (!url->path().empty() && url->path() != "/") {
-                   Error(n, k,
-                         fmt::format("a path is not allowed in the gateway URL, got \"{}\"", *s));
-                 } else {
-                   config.gateway_url_ = *url;
-                   gateway_url_node_ = &n;
-                 }
-               }
-             }},
+             [&](const toml::node& n, const std::string& k) { GatewayUrl(n, k, &config); }},
             {"gateway_server_name",
-             [&](const toml::node& n, const std::string& k) {
-               if (auto s = String(n, k)) {
-                 if (!IsDnsName(*s)) {
-                   Error(n, k, fmt::format("expected a DNS name, got \"{}\"", *s));
-                 } else {
-                   config.gateway_server_name_ = Lower(*s);
-                 }
-               }
-             }},
+             [&](const toml::node& n, const std::string& k) { ServerName(n, k, &config); }},
             {"gateway_ca_spki_sha256",
              [&](const toml::node& n, const std::string& k) {
                config.gateway_ca_pin_ = Pin(n, k);
@@ -283,20 +263,7 @@ class ConfigParser {
              [&](const toml::node& n, const std::string& k) {
                if (auto p = AbsolutePath(n, k)) config.state_dir_ = *p;
              }},
-            {"log_level",
-             [&](const toml::node& n, const std::string& k) {
-               if (auto s = String(n, k)) {
-                 for (LogLevel level :
-                      {LogLevel::kDebug, LogLevel::kInfo, LogLevel::kWarn, LogLevel::kError}) {
-                   if (*s == LogLevelName(level)) {
-                     config.log_level_ = level;
-                     return;
-                   }
-                 }
-                 Error(n, k,
-                       fmt::format("expected one of debug, info, warn, error, got \"{}\"", *s));
-               }
-             }},
+            {"log_level", [&](const toml::node& n, const std::string& k) { Level(n, k, &config); }},
             {"websocket",
              [&](const toml::node& n, const std::string& k) { WebSocket(n, k, &config); }},
             {"update", [&](const toml::node& n, const std::string& k) { Update(n, k, &config); }},
@@ -304,6 +271,50 @@ class ConfigParser {
             {"tunnels", [&](const toml::node& n, const std::string& k) { Tunnels(n, k, &config); }},
             {"node", [&](const toml::node& n, const std::string& k) { Node(n, k, &config); }},
         });
+    return Finish(std::move(config));
+  }
+
+ private:
+  using Handler = std::function<void(const toml::node&, const std::string&)>;
+
+  void GatewayUrl(const toml::node& n, const std::string& k, Config* config) {
+    std::optional<std::string> s = String(n, k);
+    if (!s) return;
+    if (auto url = Url::Parse(*s, {"https"}); !url.ok()) {
+      Error(n, k, ToStd(url.status().message()));
+    } else if (!url->path().empty() && url->path() != "/") {
+      Error(n, k, fmt::format("a path is not allowed in the gateway URL, got \"{}\"", *s));
+    } else {
+      config->gateway_url_ = *url;
+      gateway_url_node_ = &n;
+    }
+  }
+
+  void ServerName(const toml::node& n, const std::string& k, Config* config) {
+    std::optional<std::string> s = String(n, k);
+    if (!s) return;
+    if (!IsDnsName(*s)) {
+      Error(n, k, fmt::format("expected a DNS name, got \"{}\"", *s));
+    } else {
+      config->gateway_server_name_ = Lower(*s);
+    }
+  }
+
+  void Level(const toml::node& n, const std::string& k, Config* config) {
+    std::optional<std::string> s = String(n, k);
+    if (!s) return;
+    for (LogLevel level : {LogLevel::kDebug, LogLevel::kInfo, LogLevel::kWarn, LogLevel::kError}) {
+      if (*s == LogLevelName(level)) {
+        config->log_level_ = level;
+        return;
+      }
+    }
+    Error(n, k, fmt::format("expected one of debug, info, warn, error, got \"{}\"", *s));
+  }
+
+  // What no single key can say (required keys, keys that need each other), then every error
+  // found, in one message.
+  absl::StatusOr<Config> Finish(Config config) {
     if (!config.gateway_url_ && !seen_.contains("gateway_url")) Missing("gateway_url");
     if (!config.gateway_ca_pin_ && !seen_.contains("gateway_ca_spki_sha256")) {
       Missing("gateway_ca_spki_sha256");
@@ -324,9 +335,6 @@ class ConfigParser {
     }
     return config;
   }
-
- private:
-  using Handler = std::function<void(const toml::node&, const std::string&)>;
 
   void Error(const toml::node& node, std::string_view key, std::string_view message) {
     Add(node.source().begin.line,
