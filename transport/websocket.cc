@@ -95,6 +95,47 @@ absl::StatusOr<std::shared_ptr<ssl::context>> ClientContext(const WebSocketSpec&
   return context;
 }
 
+// Asks the proxy, over `c`'s TCP connection, for a tunnel to the gateway; nullopt when it answered
+// 200 and nothing more.
+std::optional<Refusal> ProxyConnect(Connection& c, const WebSocketSpec& spec,
+                                    const ProxySpec& proxy, const std::string& where) {
+  auto& tcp_stream = beast::get_lowest_layer(c.ws());
+  std::string authority =
+      (spec.host.find(':') != std::string::npos ? "[" + spec.host + "]" : spec.host) + ":" +
+      std::to_string(spec.port);
+  http::request<http::empty_body> request{http::verb::connect, authority, 11};
+  request.set(http::field::host, authority);
+  request.set(http::field::user_agent, "bcd/" BCD_VERSION);
+  if (!proxy.authorization.empty()) {
+    request.set(http::field::proxy_authorization, proxy.authorization);
+  }
+  beast::flat_buffer buffer;
+  http::response_parser<http::empty_body> parser;
+  parser.skip(true);  // a CONNECT answer has no body, whatever its headers say
+  beast::error_code ec = c.Step([&](Done done) {
+    http::async_write(tcp_stream, request, [&, done](beast::error_code ec, std::size_t) {
+      if (ec) return done(ec);
+      http::async_read_header(tcp_stream, buffer, parser,
+                              [done](beast::error_code ec, std::size_t) { done(ec); });
+    });
+  });
+  if (ec) return Unavailable(fmt::format("{}: {}", where, ec.message()), "proxy");
+  unsigned status = parser.get().result_int();
+  if (status != 200) {
+    // 407 is the standard answer; tinyproxy, for one, answers CONNECT with 401.
+    bool auth = status == 407 || status == 401;
+    std::string why = !auth ? ""
+                      : proxy.authorization.empty()
+                          ? " (it wants credentials: put them in the proxy URL)"
+                          : " (it refused the credentials)";
+    return Unavailable(fmt::format("{} answered CONNECT with {}{}", where, status, why), "proxy");
+  }
+  if (buffer.size() != 0) {
+    return Unavailable(fmt::format("{} sent bytes before the TLS handshake", where), "proxy");
+  }
+  return std::nullopt;
+}
+
 // TCP (through the proxy when one applies) and TLS, as a client, on `c`. Sets SNI and the name to
 // verify. The returned refusal names what failed; nullopt when connected.
 std::optional<Refusal> DialTls(Connection& c, const WebSocketSpec& spec, TlsTrust& trust) {
@@ -122,39 +163,7 @@ std::optional<Refusal> DialTls(Connection& c, const WebSocketSpec& spec, TlsTrus
   });
   if (ec) return Unavailable(fmt::format("cannot connect to {}: {}", where, ec.message()));
   if (*proxy) {
-    std::string authority =
-        (spec.host.find(':') != std::string::npos ? "[" + spec.host + "]" : spec.host) + ":" +
-        std::to_string(spec.port);
-    http::request<http::empty_body> request{http::verb::connect, authority, 11};
-    request.set(http::field::host, authority);
-    request.set(http::field::user_agent, "bcd/" BCD_VERSION);
-    if (!(*proxy)->authorization.empty()) {
-      request.set(http::field::proxy_authorization, (*proxy)->authorization);
-    }
-    beast::flat_buffer buffer;
-    http::response_parser<http::empty_body> parser;
-    parser.skip(true);  // a CONNECT answer has no body, whatever its headers say
-    ec = c.Step([&](Done done) {
-      http::async_write(tcp_stream, request, [&, done](beast::error_code ec, std::size_t) {
-        if (ec) return done(ec);
-        http::async_read_header(tcp_stream, buffer, parser,
-                                [done](beast::error_code ec, std::size_t) { done(ec); });
-      });
-    });
-    if (ec) return Unavailable(fmt::format("{}: {}", where, ec.message()), "proxy");
-    unsigned status = parser.get().result_int();
-    if (status != 200) {
-      // 407 is the standard answer; tinyproxy, for one, answers CONNECT with 401.
-      bool auth = status == 407 || status == 401;
-      std::string why = !auth ? ""
-                        : (*proxy)->authorization.empty()
-                            ? " (it wants credentials: put them in the proxy URL)"
-                            : " (it refused the credentials)";
-      return Unavailable(fmt::format("{} answered CONNECT with {}{}", where, status, why), "proxy");
-    }
-    if (buffer.size() != 0) {
-      return Unavailable(fmt::format("{} sent bytes before the TLS handshake", where), "proxy");
-    }
+    if (std::optional<Refusal> refused = ProxyConnect(c, spec, **proxy, where)) return refused;
   }
   SSL* ssl_handle = c.ws().next_layer().native_handle();
   if (!IpBytes(spec.server_name)) SSL_set_tlsext_host_name(ssl_handle, spec.server_name.c_str());
