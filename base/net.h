@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace bcd {
 
@@ -17,5 +18,15 @@ bool InCidr(std::string_view block, std::string_view address);
 
 // A TCP port in decimal, 1..65535; nullopt otherwise.
 std::optional<uint16_t> ParsePort(std::string_view text);
+
+// Whether `text` is an IPv4 literal ("10.0.0.1"), or an IPv6 one without brackets.
+bool IsIpv4(const std::string& text);
+bool IsIpv6(const std::string& text);
+// An RFC 1123 host name: dot-separated labels of letters, digits and inner hyphens, and not all
+// digits at the end (that would read as a bad IPv4 address).
+bool IsDnsName(std::string_view name);
+// Splits "host:port" or "[v6]:port" into its parts (the port may be empty); nullopt when
+// malformed.
+std::optional<std::pair<std::string, std::string_view>> SplitHostPort(std::string_view text);
 
 }  // namespace bcd

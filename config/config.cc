@@ -10,6 +10,7 @@
 #include <functional>
 #include <set>
 
+#include "absl/strings/ascii.h"
 #include "base/net.h"
 #include "fmt/format.h"
 #include "proto/absl_compat.h"
@@ -17,46 +18,6 @@
 
 namespace bcd {
 namespace {
-
-bool IsIpv4(const std::string& text) {
-  in_addr addr{};
-  return inet_pton(AF_INET, text.c_str(), &addr) == 1;
-}
-
-bool IsIpv6(const std::string& text) {
-  in6_addr addr{};
-  return inet_pton(AF_INET6, text.c_str(), &addr) == 1;
-}
-
-// RFC 1123 host name: dot-separated labels of letters, digits and inner hyphens.
-bool IsDnsName(std::string_view name) {
-  if (name.empty() || name.size() > 253) return false;
-  std::size_t start = 0;
-  while (start <= name.size()) {
-    std::size_t dot = name.find('.', start);
-    std::string_view label =
-        name.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start);
-    if (label.empty() || label.size() > 63 || label.front() == '-' || label.back() == '-') {
-      return false;
-    }
-    for (char c : label) {
-      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-') return false;
-    }
-    if (dot == std::string_view::npos) break;
-    start = dot + 1;
-  }
-  // An all-numeric last label would read as a (bad) IPv4 address.
-  std::string_view last =
-      name.substr(name.rfind('.') == std::string_view::npos ? 0 : name.rfind('.') + 1);
-  return !std::all_of(last.begin(), last.end(),
-                      [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
-}
-
-std::string Lower(std::string_view text) {
-  std::string out(text);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
 
 std::string_view TypeName(const toml::node& node) {
   switch (node.type()) {
@@ -84,149 +45,7 @@ std::string_view TypeName(const toml::node& node) {
   return "nothing";
 }
 
-// Splits "host:port" or "[v6]:port" into its parts; nullopt when malformed.
-std::optional<std::pair<std::string, std::string_view>> SplitHostPort(std::string_view text) {
-  if (!text.empty() && text.front() == '[') {
-    std::size_t close = text.find(']');
-    if (close == std::string_view::npos) return std::nullopt;
-    std::string host(text.substr(1, close - 1));
-    std::string_view rest = text.substr(close + 1);
-    if (!rest.empty() && rest.front() != ':') return std::nullopt;
-    return std::pair{host, rest.empty() ? rest : rest.substr(1)};
-  }
-  std::size_t colon = text.rfind(':');
-  if (colon == std::string_view::npos) return std::pair{std::string(text), std::string_view()};
-  return std::pair{std::string(text.substr(0, colon)), text.substr(colon + 1)};
-}
-
 }  // namespace
-
-absl::StatusOr<TunnelAllowRule> TunnelAllowRule::Parse(std::string_view text) {
-  std::size_t colon = text.rfind(':');
-  if (colon == std::string_view::npos || colon == 0) {
-    return absl::InvalidArgumentError(
-        fmt::format("expected HOST:PORT (PORT a number or *), got \"{}\"", text));
-  }
-  std::string_view host = text.substr(0, colon), port = text.substr(colon + 1);
-  TunnelAllowRule rule;
-  rule.text = std::string(text);
-  if (port != "*") {
-    rule.port = ParsePort(port);
-    if (!rule.port) {
-      return absl::InvalidArgumentError(
-          fmt::format("\"{}\": the port must be 1 to 65535 or *", text));
-    }
-  }
-  if (host.starts_with('[') && host.ends_with(']')) host = host.substr(1, host.size() - 2);
-  std::string_view address = host.substr(0, host.find('/'));
-  if (IpBytes(address)) {
-    if (host.find('/') != std::string_view::npos && !InCidr(host, address)) {
-      return absl::InvalidArgumentError(fmt::format("\"{}\": a bad CIDR block", text));
-    }
-    rule.host = std::string(host);
-    return rule;
-  }
-  for (char c : host) {
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-') {
-      return absl::InvalidArgumentError(
-          fmt::format("\"{}\": HOST must be an IP, a CIDR block or a host name", text));
-    }
-  }
-  rule.host = Lower(host);
-  rule.is_name = true;
-  return rule;
-}
-
-bool TunnelAllowRule::Allows(std::string_view host, std::string_view address, uint16_t port) const {
-  if (this->port && *this->port != port) return false;
-  if (is_name) return Lower(host) == this->host;
-  return InCidr(this->host, address);
-}
-
-absl::StatusOr<Url> Url::Parse(std::string_view text,
-                               std::initializer_list<std::string_view> schemes, bool allow_query) {
-  auto bad = [&](std::string_view why) {
-    return absl::InvalidArgumentError(fmt::format("{}, got \"{}\"", why, text));
-  };
-  std::string expected = "expected a URL with scheme";
-  for (std::string_view scheme : schemes) expected += fmt::format(" {}://", scheme);
-  std::size_t sep = text.find("://");
-  if (sep == std::string_view::npos) return bad(expected);
-  Url url;
-  url.text_ = std::string(text);
-  url.scheme_ = Lower(text.substr(0, sep));
-  if (std::find(schemes.begin(), schemes.end(), url.scheme_) == schemes.end()) return bad(expected);
-  if (url.scheme_ == "http") url.port_ = 80;
-  std::string_view rest = text.substr(sep + 3);
-  if (rest.find('#') != std::string_view::npos) return bad("a fragment is not allowed in the URL");
-  if (std::size_t q = rest.find('?'); q != std::string_view::npos) {
-    if (!allow_query) return bad("a query or fragment is not allowed in the URL");
-    url.query_ = std::string(rest.substr(q + 1));
-    rest = rest.substr(0, q);
-  }
-  for (char c : rest) {
-    if (static_cast<unsigned char>(c) <= 0x20 || static_cast<unsigned char>(c) >= 0x7f) {
-      return bad("the URL has a space or a non-ASCII character");
-    }
-  }
-  std::size_t slash = rest.find('/');
-  std::string_view authority = rest.substr(0, slash);
-  url.path_ = slash == std::string_view::npos ? "" : std::string(rest.substr(slash));
-  if (authority.find('@') != std::string_view::npos)
-    return bad("user info is not allowed in the URL");
-  auto host_port = SplitHostPort(authority);
-  if (!host_port) return bad("the URL's host is malformed");
-  auto& [host, port] = *host_port;
-  if (!port.empty() || authority.ends_with(':')) {
-    std::optional<uint16_t> parsed = ParsePort(port);
-    if (!parsed) return bad("the URL's port is not a number from 1 to 65535");
-    url.port_ = *parsed;
-  }
-  if (authority.starts_with('[')) {
-    if (!IsIpv6(host)) return bad("the URL's bracketed host is not an IPv6 address");
-    url.host_is_ip_ = true;
-  } else if (IsIpv4(host)) {
-    url.host_is_ip_ = true;
-  } else if (!IsDnsName(host)) {
-    return bad("the URL's host is not a DNS name or IP address");
-  }
-  url.host_ = Lower(host);
-  return url;
-}
-
-absl::StatusOr<Sha256Pin> Sha256Pin::ParseHex(std::string_view hex) {
-  if (hex.size() != 64) {
-    return absl::InvalidArgumentError(
-        fmt::format("expected 64 hex characters (a sha256), got {} characters", hex.size()));
-  }
-  Sha256Pin pin;
-  for (std::size_t i = 0; i < 32; ++i) {
-    auto [end, ec] = std::from_chars(hex.data() + 2 * i, hex.data() + 2 * i + 2, pin.bytes_[i], 16);
-    if (ec != std::errc() || end != hex.data() + 2 * i + 2) {
-      return absl::InvalidArgumentError(
-          fmt::format("expected 64 hex characters (a sha256), found \"{}\" at position {}",
-                      hex.substr(2 * i, 2), 2 * i));
-    }
-  }
-  return pin;
-}
-
-std::string Sha256Pin::Hex() const {
-  std::string out;
-  for (uint8_t b : bytes_) out += fmt::format("{:02x}", b);
-  return out;
-}
-
-bool IsUnitName(std::string_view name) {
-  if (name.empty() || name.size() > 255 || name.front() == '-') return false;
-  for (char c : name) {
-    if (!std::isalnum(static_cast<unsigned char>(c)) &&
-        std::string_view(":-_.\\@").find(c) == std::string_view::npos) {
-      return false;
-    }
-  }
-  return true;
-}
 
 // Walks a parsed TOML document into a Config, collecting every error.
 class ConfigParser {
@@ -296,7 +115,7 @@ class ConfigParser {
     if (!IsDnsName(*s)) {
       Error(n, k, fmt::format("expected a DNS name, got \"{}\"", *s));
     } else {
-      config->gateway_server_name_ = Lower(*s);
+      config->gateway_server_name_ = absl::AsciiStrToLower(ToAbsl(*s));
     }
   }
 
