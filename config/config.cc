@@ -63,6 +63,12 @@ class ConfigParser {
     }
     Config config;
     config.source_ = source_;
+    std::vector<std::pair<uint32_t, std::string>> tables;  // (line, name): toml++ sorts by name
+    for (const auto& [key, value] : root) {
+      if (value.is_table()) tables.emplace_back(value.source().begin.line, key.str());
+    }
+    std::sort(tables.begin(), tables.end());
+    for (auto& table : tables) config.sections_.push_back(std::move(table.second));
     Walk(
         root, "",
         {

@@ -55,12 +55,16 @@ class Config {
   const std::string& tunnel_user() const { return tunnel_user_; }
   const std::vector<TunnelAllowRule>& tunnel_allow() const { return tunnel_allow_; }
   const std::string& source() const { return source_; }
+  // The tables the file holds ("websocket", "imds", ...), in file order: the engine reads some,
+  // the mode others (Mode::ConfigSections), and one nobody reads is reported at start.
+  const std::vector<std::string>& sections() const { return sections_; }
 
  private:
   friend class ConfigParser;
   Config() = default;
 
   std::string source_ = "(embedded default)";
+  std::vector<std::string> sections_;
   std::optional<Url> gateway_url_;
   std::optional<std::string> gateway_server_name_;
   std::optional<Sha256Pin> gateway_ca_pin_;

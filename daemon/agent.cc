@@ -1,5 +1,7 @@
 #include "daemon/agent.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_join.h"
 #include "base/files.h"
 #include "daemon/control.h"
@@ -66,6 +68,18 @@ std::vector<std::string> AllCapabilities(const Mode& mode, bool websocket) {
     capabilities.push_back(std::move(capability));
   }
   return capabilities;
+}
+
+std::vector<std::string> EngineConfigSections() { return {"websocket", "update", "tunnels"}; }
+
+std::vector<std::string> UnreadConfigSections(const Config& config, const Mode& mode) {
+  std::vector<std::string> read = EngineConfigSections();
+  for (std::string& section : mode.ConfigSections()) read.push_back(std::move(section));
+  std::vector<std::string> unread;
+  for (const std::string& section : config.sections()) {
+    if (std::find(read.begin(), read.end(), section) == read.end()) unread.push_back(section);
+  }
+  return unread;
 }
 
 // What a daemon starts from: the locked state dir, the identity in it and its trust.
@@ -315,6 +329,11 @@ absl::Status Agent::AttachMode(const Config& config, const AgentEnv& env, const 
                       .now = env.now,
                       .log = env.log};
   if (absl::Status s = mode_->Attach(context); !s.ok()) return s;
+  for (const std::string& section : UnreadConfigSections(config, *mode_)) {
+    env.log->Warn("config.section_unused", {{"section", section},
+                                            {"mode", std::string(proto::ModeName(mode_->id()))},
+                                            {"source", config.source()}});
+  }
   // Kinds the table gives this mode that this build cannot run yet: said once at start, and each
   // such command is refused saying so.
   if (std::vector<std::string> unhandled = dispatcher_->Unhandled(); !unhandled.empty()) {

@@ -51,6 +51,9 @@ class Mode {
   // What Hello advertises beyond the engine's own (tunnel ops, secrets, the daemon and access
   // sections): e.g. instance dial and workload tokens in node mode.
   virtual std::vector<std::string> Capabilities(bool websocket) const = 0;
+  // The config tables this mode reads beyond the engine's own (EngineConfigSections): node mode's
+  // [imds], say. A table neither reads is reported at start (a site agent given a node's [imds]).
+  virtual std::vector<std::string> ConfigSections() const = 0;
   // Registers the mode's handlers and spec sections and starts its servers, once, before the
   // session runs. An error stops the daemon before it dials.
   virtual absl::Status Attach(const ModeContext& context) = 0;
@@ -71,5 +74,10 @@ std::vector<std::string> EngineCapabilities(bool websocket);
 
 // What Hello advertises for `mode`: the engine's capabilities and the mode's, in one list.
 std::vector<std::string> AllCapabilities(const Mode& mode, bool websocket);
+
+// The config tables the engine reads whatever the mode: websocket, update, tunnels.
+std::vector<std::string> EngineConfigSections();
+// The tables of `config` that neither the engine nor `mode` reads, in file order.
+std::vector<std::string> UnreadConfigSections(const Config& config, const Mode& mode);
 
 }  // namespace bcd

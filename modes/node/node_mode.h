@@ -35,6 +35,8 @@ class NodeMode final : public Mode {
     return bettercompute::common::v1::ROLE_NODE;
   }
   std::vector<std::string> Capabilities(bool websocket) const override;
+  // [imds]: the metadata service; [node]: node.reboot's command and the unit logs.collect reads.
+  std::vector<std::string> ConfigSections() const override { return {"imds", "node"}; }
   absl::Status Attach(const ModeContext& context) override;
   void Detach() override;
   bool instance_dial() const override { return true; }

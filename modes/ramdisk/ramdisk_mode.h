@@ -23,6 +23,8 @@ class RamdiskMode final : public Mode {
     return bettercompute::common::v1::ROLE_RAMDISK;
   }
   std::vector<std::string> Capabilities(bool websocket) const override;
+  // [node] log_unit: the journal unit logs.collect reads.
+  std::vector<std::string> ConfigSections() const override { return {"node"}; }
   absl::Status Attach(const ModeContext& context) override;
   void Detach() override {}
 

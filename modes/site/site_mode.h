@@ -22,6 +22,8 @@ class SiteMode final : public Mode {
     return bettercompute::common::v1::ROLE_SITE;
   }
   std::vector<std::string> Capabilities(bool websocket) const override;
+  // [node] log_unit: the journal unit logs.collect reads (site agents run logs.collect too).
+  std::vector<std::string> ConfigSections() const override { return {"node"}; }
   absl::Status Attach(const ModeContext& context) override;
   void Detach() override {}
 
