@@ -19,6 +19,7 @@
 #include "app/modes.h"
 #include "app/notify.h"
 #include "base/files.h"
+#include "base/mutex.h"
 #include "config/config.h"
 #include "daemon/agent.h"
 #include "daemon/control.h"
@@ -297,7 +298,7 @@ class SystemdLoop {
     if (!thread_.joinable()) return;
     systemd_->Notify("STOPPING=1");
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       finished_ = true;
     }
     cv_.notify_all();
@@ -313,10 +314,12 @@ class SystemdLoop {
     systemd_->Notify(welcomed && s.welcomes > 0
                          ? "READY=1\nSTATUS=connected"
                          : "READY=1\nSTATUS=no session yet: " + s.last_error.substr(0, 200));
-    std::unique_lock<std::mutex> lock(mu_);
+    UniqueLock lock(mu_);
     while (!finished_) {
       auto interval = systemd_->watchdog_interval().value_or(std::chrono::seconds(3600));
-      if (cv_.wait_for(lock, interval, [&] { return finished_; })) break;
+      if (cv_.wait_for(lock, interval,
+                       [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_; }))
+        break;
       lock.unlock();
       (void)agent_->Snapshot();  // blocks, and so stops the pings, if the engine is stuck
       if (systemd_->watchdog_interval()) systemd_->Notify("WATCHDOG=1");
@@ -326,9 +329,9 @@ class SystemdLoop {
 
   std::optional<SystemdNotifier> systemd_;
   Agent* agent_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool finished_ = false;  // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

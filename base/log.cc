@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "base/mutex.h"
+
 namespace bcd {
 
 std::string_view LogLevelName(LogLevel level) {
@@ -41,7 +43,7 @@ void Logger::Log(LogLevel level, std::string_view event,
   std::string line(priority_prefix_ ? kPriority[static_cast<int>(level)] : "");
   line += "level=" + std::string(LogLevelName(level)) + " event=" + std::string(event);
   for (const auto& [key, value] : fields) line += " " + std::string(key) + "=" + Quote(value);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (level >= LogLevel::kWarn) {
     auto now = clock_();
     auto [it, fresh] = windows_.try_emplace(std::string(event), Window{now});
@@ -60,7 +62,7 @@ void Logger::Log(LogLevel level, std::string_view event,
 }
 
 std::string Logger::Text() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto* text = dynamic_cast<std::ostringstream*>(out_);
   return text == nullptr ? "" : text->str();
 }

@@ -20,6 +20,8 @@
 #include <string_view>
 #include <utility>
 
+#include "base/mutex.h"
+
 namespace bcd {
 
 enum class LogLevel { kDebug, kInfo, kWarn, kError };
@@ -33,7 +35,7 @@ class Logger {
   Logger(std::ostream* out, LogLevel level) : out_(out), level_(level) {}
   // The clock of the per-event limit (tests step it).
   void set_clock(std::function<std::chrono::steady_clock::time_point()> clock) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     clock_ = std::move(clock);
   }
   void set_level(LogLevel level) { level_ = level; }
@@ -65,11 +67,12 @@ class Logger {
     int lines = 0;
     uint64_t suppressed = 0;
   };
-  std::mutex mu_;
-  std::ostream* out_;  // guarded by mu_
-  std::function<std::chrono::steady_clock::time_point()> clock_ =
-      std::chrono::steady_clock::now;                   // guarded by mu_
-  std::map<std::string, Window, std::less<>> windows_;  // guarded by mu_: warn and error events
+  Mutex mu_;
+  std::ostream* const out_;  // set once; written to holding mu_
+  std::function<std::chrono::steady_clock::time_point()> clock_ ABSL_GUARDED_BY(mu_) =
+      std::chrono::steady_clock::now;
+  std::map<std::string, Window, std::less<>> windows_
+      ABSL_GUARDED_BY(mu_);  // warn and error events
   std::atomic<LogLevel> level_;
   std::atomic<bool> priority_prefix_{false};
 };

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_join.h"
 #include "base/files.h"
+#include "base/mutex.h"
 #include "daemon/control.h"
 #include "daemon/dispatch/desired.h"
 #include "daemon/dispatch/dispatcher.h"
@@ -215,12 +216,15 @@ absl::Status Agent::StartSession(const AgentEnv& env, const Mode& mode, Joined& 
   absl::StatusOr<Outbox> outbox = Outbox::Open(dir.path(), {.max_entries = env.outbox_max_entries});
   if (!outbox.ok()) return outbox.status();
   outbox_ = std::make_unique<Outbox>(*std::move(outbox));
-  node_key_ = joined.identity.key;
+  {
+    MutexLock lock(key_mu_);
+    node_key_ = joined.identity.key;
+  }
   renewer_ = std::make_unique<Renewer>(
       RenewThrough(transport_.get()), dir, joined.trust.node_cas(), env.now, env.uniform01, env.log,
       [this](const Identity& renewed) {
         {
-          std::lock_guard<std::mutex> lock(key_mu_);
+          MutexLock lock(key_mu_);
           node_key_ = renewed.key;  // requests sign with the key of the current certificate
         }
         (void)engine_->Emit(bettercompute::agent::v1::SEVERITY_INFO, "identity.renewed",
@@ -263,7 +267,7 @@ absl::Status Agent::StartDispatch(const AgentEnv& env, const Mode& mode, const J
                                 return engine_->Send(frame);
                               },
                           .node_key = [this]() -> absl::StatusOr<pki::PrivateKey> {
-                            std::lock_guard<std::mutex> lock(key_mu_);
+                            MutexLock lock(key_mu_);
                             return *node_key_;
                           },
                           .now = env.now},

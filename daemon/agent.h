@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/mutex.h"
 #include "config/config.h"
 #include "daemon/delivery/results.h"
 #include "daemon/identity/identity.h"
@@ -96,8 +97,8 @@ class Agent {
   std::unique_ptr<class SecretClient> secrets_;
   std::unique_ptr<class TunnelRunner> tunnels_;
   std::unique_ptr<Mode> mode_;  // detached before the parts above go away
-  std::mutex key_mu_;
-  std::optional<pki::PrivateKey> node_key_;  // guarded by key_mu_; replaced at each renewal
+  Mutex key_mu_;
+  std::optional<pki::PrivateKey> node_key_ ABSL_GUARDED_BY(key_mu_);  // replaced at each renewal
   std::filesystem::path state_dir_;
   std::string transport_name_ = "grpc";  // or "websocket"
   UnixClock now_;

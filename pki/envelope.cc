@@ -4,6 +4,7 @@
 #include <mutex>
 #include <optional>
 
+#include "base/mutex.h"
 #include "fmt/format.h"
 #include "proto/absl_compat.h"
 
@@ -46,7 +47,7 @@ absl::Status ChainVerifier::Verify(std::string_view signing_input,
   std::string key = Sha256(identity);
   std::optional<PublicKey> remembered;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = entries_.find(key);
     if (it != entries_.end() && now >= it->second.not_before && now <= it->second.not_after) {
       remembered = it->second.leaf;
@@ -67,7 +68,7 @@ absl::Status ChainVerifier::Verify(std::string_view signing_input,
     }
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (entries_.size() >= 64) entries_.clear();
     entries_.insert_or_assign(std::move(key), Entry{*leaf, not_before, not_after});
   }

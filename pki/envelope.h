@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/mutex.h"
 #include "bettercompute/common/v1/common.pb.h"
 #include "pki/keys.h"
 #include "pki/x509.h"
@@ -51,8 +52,8 @@ class ChainVerifier {
     PublicKey leaf;
     int64_t not_before, not_after;
   };
-  std::mutex mu_;
-  std::map<std::string, Entry> entries_;  // guarded by mu_
+  Mutex mu_;
+  std::map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace bcd::pki

@@ -1,5 +1,6 @@
 #include "transport/grpc_transport.h"
 
+#include "base/mutex.h"
 #include "bettercompute/agent/v1/session.grpc.pb.h"
 #include "fmt/format.h"
 #include "grpcpp/client_context.h"
@@ -43,7 +44,7 @@ class GrpcCall {
     }
     if (absl::Status s = proto::DecodeMessage(bytes, message); !s.ok()) {
       {
-        std::lock_guard<std::mutex> lock(error_mu_);
+        MutexLock lock(error_mu_);
         protocol_error_ = fmt::format("a {} from the gateway did not decode: {}",
                                       In::descriptor()->name(), ToStd(s.message()));
       }
@@ -53,18 +54,18 @@ class GrpcCall {
     return true;
   }
   bool Write(const Out& message) {
-    std::lock_guard<std::mutex> lock(write_mu_);
+    MutexLock lock(write_mu_);
     return stream_->Write(message);
   }
   void CloseSend() {
-    std::lock_guard<std::mutex> lock(write_mu_);
+    MutexLock lock(write_mu_);
     stream_->WritesDone();
   }
   void Cancel() { context_.TryCancel(); }
   Refusal Finish() {
     grpc::Status status = stream_->Finish();
     Refusal refusal = RefusalOf(status, context_);
-    std::lock_guard<std::mutex> lock(error_mu_);
+    MutexLock lock(error_mu_);
     if (!protocol_error_.empty()) {
       refusal.code = grpc::StatusCode::INTERNAL;
       refusal.reason = "protocol-error";
@@ -78,10 +79,10 @@ class GrpcCall {
  private:
   std::shared_ptr<grpc::Channel> channel_;  // kept alive while the call is
   grpc::ClientContext context_;
-  std::mutex write_mu_;
+  Mutex write_mu_;
   std::unique_ptr<grpc::ClientReaderWriter<Out, grpc::ByteBuffer>> stream_;
-  std::mutex error_mu_;
-  std::string protocol_error_;  // guarded by error_mu_
+  Mutex error_mu_;
+  std::string protocol_error_ ABSL_GUARDED_BY(error_mu_);
 };
 
 class GrpcTunnelStream final : public TunnelStream {

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "base/mutex.h"
 #include "fmt/format.h"
 #include "grpc/support/log.h"
 #include "grpcpp/create_channel.h"
@@ -141,12 +142,12 @@ void StructureGrpcLogs() {
 }
 
 void VerificationLog::Record(std::string reason) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   last_ = std::move(reason);
 }
 
 std::string VerificationLog::Last() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return last_;
 }
 

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "base/clock.h"
+#include "base/mutex.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/security/server_credentials.h"
 #include "pki/x509.h"
@@ -40,8 +41,8 @@ class VerificationLog {
   std::string Last() const;
 
  private:
-  mutable std::mutex mu_;
-  std::string last_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::string last_ ABSL_GUARDED_BY(mu_);
 };
 
 // OK when `chain` (leaf first, as the gateway sent it) holds the CA whose SPKI sha256 is `pin`,

@@ -1,5 +1,6 @@
 #include "transport/websocket.h"
 
+#include "base/mutex.h"
 #include "transport/ws_connection.h"
 // (ws_connection.h first: Boost 1.74 needs <utility> before Asio.)
 #include <arpa/inet.h>
@@ -198,7 +199,7 @@ class WsFrameStream final : public FrameStream {
       : spec_(spec), now_(std::move(now)) {
     dialer_ = std::thread([this, identity = std::move(identity)]() mutable {
       std::optional<Refusal> failed = Dial(identity);
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       dialed_ = true;
       refusal_ = std::move(failed);
       cv_.notify_all();
@@ -232,7 +233,7 @@ class WsFrameStream final : public FrameStream {
     return connection_->WriteBinary(*bytes);
   }
   void CloseSend() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (dialed_ && !refusal_ && connection_) {
       connection_->Close(static_cast<uint16_t>(websocket::close_code::normal), "bcd stopping");
     } else {
@@ -241,13 +242,13 @@ class WsFrameStream final : public FrameStream {
     }
   }
   void Cancel() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     cancelled_ = true;
     if (connection_) connection_->Abort();
   }
   Refusal Finish() override {
     WaitDialed();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (refusal_) return *refusal_;
     Refusal refusal;
     std::optional<std::pair<uint16_t, std::string>> close = connection_->peer_close();
@@ -263,13 +264,13 @@ class WsFrameStream final : public FrameStream {
 
  private:
   bool WaitDialed() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return dialed_; });
+    UniqueLock lock(mu_);
+    cv_.wait(lock, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return dialed_; });
     return !refusal_;
   }
   bool Fail(uint16_t code, std::string reason, std::string message) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       Refusal refusal = Unavailable(message, std::move(reason));
       refusal_ = refusal;
     }
@@ -286,7 +287,7 @@ class WsFrameStream final : public FrameStream {
     absl::StatusOr<std::shared_ptr<ssl::context>> context = ClientContext(spec_, trust.get());
     if (!context.ok()) return Unavailable(std::string(ToStd(context.status().message())));
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (cancelled_) return Unavailable("cancelled");
       connection_ = std::make_unique<Connection>(*context);
       trust_ = trust;
@@ -349,12 +350,12 @@ class WsFrameStream final : public FrameStream {
   WebSocketSpec spec_;
   UnixClock now_;
   std::thread dialer_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool dialed_ = false;              // guarded by mu_
-  bool cancelled_ = false;           // guarded by mu_
-  std::optional<Refusal> refusal_;   // guarded by mu_
-  std::shared_ptr<TlsTrust> trust_;  // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  bool dialed_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<Refusal> refusal_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<TlsTrust> trust_ ABSL_GUARDED_BY(mu_);
   // Set once by the dialer (under mu_), then used without the lock by Read/Write after dialed_.
   std::unique_ptr<Connection> connection_;
 };

@@ -33,6 +33,7 @@
 #include <thread>
 
 #include "absl/strings/ascii.h"
+#include "base/mutex.h"
 
 namespace bcd::transport::wsio {
 
@@ -52,7 +53,7 @@ class IoThread {
   IoThread() : guard_(net::make_work_guard(ioc_)), thread_([this] { ioc_.run(); }) {}
   ~IoThread() { Stop(); }
   void Stop() {
-    std::lock_guard<std::mutex> lock(stop_mu_);
+    MutexLock lock(stop_mu_);
     if (!thread_.joinable()) return;
     guard_.reset();
     ioc_.stop();
@@ -78,7 +79,7 @@ class IoThread {
  private:
   net::io_context ioc_;
   net::executor_work_guard<net::io_context::executor_type> guard_;
-  std::mutex stop_mu_;
+  Mutex stop_mu_;
   std::thread thread_;
 };
 
@@ -122,7 +123,7 @@ class Connection {
       ws_.async_read(buffer, [this, &got_text, done](beast::error_code ec, std::size_t) {
         if (!ec) got_text = ws_.got_text();
         if (ec == websocket::error::closed) {
-          std::lock_guard<std::mutex> lock(mu_);
+          MutexLock lock(mu_);
           closed_by_peer_ = true;
           close_code_ = ws_.reason().code;
           close_reason_ = std::string(ws_.reason().reason.c_str());
@@ -131,7 +132,7 @@ class Connection {
       });
     });
     if (ec) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (end_.empty()) end_ = ec.message();
       return false;
     }
@@ -142,7 +143,7 @@ class Connection {
   bool WriteBinary(std::string_view message) { return Write(message, true); }
   bool WriteText(std::string_view message) { return Write(message, false); }
   bool WriteRaw(std::string_view bytes) {
-    std::lock_guard<std::mutex> lock(write_mu_);
+    MutexLock lock(write_mu_);
     return !io_.Await([&](Done done) {
       net::async_write(ws_.next_layer(), net::buffer(bytes.data(), bytes.size()),
                        [done](beast::error_code ec, std::size_t) { done(ec); });
@@ -163,27 +164,27 @@ class Connection {
     });
   }
   bool closed_by_peer() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return closed_by_peer_;
   }
   int peer_close_code() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return closed_by_peer_ ? close_code_ : 0;
   }
   // How the connection ended: the peer's close code and reason, or the error.
   std::optional<std::pair<uint16_t, std::string>> peer_close() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!closed_by_peer_) return std::nullopt;
     return std::make_pair(close_code_, close_reason_);
   }
   std::string end() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return end_;
   }
 
  private:
   bool Write(std::string_view message, bool binary) {
-    std::lock_guard<std::mutex> lock(write_mu_);
+    MutexLock lock(write_mu_);
     return !io_.Await([&](Done done) {
       ws_.binary(binary);
       ws_.async_write(net::buffer(message.data(), message.size()),
@@ -193,7 +194,7 @@ class Connection {
 
   // The close frame goes once, however many callers ask (a failed read and a stop, say).
   std::shared_future<void> StartClose(uint16_t code, std::string_view reason) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (close_done_.valid()) return close_done_;
     auto promise = std::make_shared<std::promise<void>>();
     close_done_ = promise->get_future().share();
@@ -210,14 +211,16 @@ class Connection {
   IoThread io_;
   WsStream ws_;
   tcp::resolver resolver_{io_.ioc()};
-  std::shared_future<void> close_done_;  // guarded by mu_
+  std::shared_future<void> close_done_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> aborted_{false};
-  std::mutex write_mu_;
-  mutable std::mutex mu_;
-  bool closed_by_peer_ = false;  // guarded by mu_
-  uint16_t close_code_ = 0;      // guarded by mu_
-  std::string close_reason_;     // guarded by mu_
-  std::string end_;              // guarded by mu_
+  // Lock order: write_mu_ (one writer at a time) is held while the io thread runs the write, and
+  // the io thread's handlers take mu_; mu_ is never held while waiting on the io thread.
+  Mutex write_mu_;
+  mutable Mutex mu_;
+  bool closed_by_peer_ ABSL_GUARDED_BY(mu_) = false;
+  uint16_t close_code_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string close_reason_ ABSL_GUARDED_BY(mu_);
+  std::string end_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace bcd::transport::wsio

@@ -1,6 +1,7 @@
 #include "daemon/dispatch/desired.h"
 
 #include "base/files.h"
+#include "base/mutex.h"
 #include "fmt/format.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/unknown_field_set.h"
@@ -32,12 +33,12 @@ absl::StatusOr<std::unique_ptr<DesiredState>> DesiredState::Open(const std::file
 }
 
 void DesiredState::Register(const std::string& section, Applier apply) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   appliers_[section] = std::move(apply);
 }
 
 void DesiredState::Reapply() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (spec_.generation() != 0) ApplyLocked(spec_);
 }
 
@@ -80,7 +81,7 @@ v1::SpecAck DesiredState::Offer(const v1::SignedSpec& signed_spec, const pki::Tr
                                                  spec.generation(), ToStd(s.message())));
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (spec.generation() <= spec_.generation()) {
     return refuse("STALE", fmt::format("spec generation {} is not newer than the applied {}",
                                        spec.generation(), spec_.generation()));
@@ -141,27 +142,27 @@ void DesiredState::ApplyLocked(const v1::NodeSpec& spec) {
 }
 
 uint64_t DesiredState::applied_generation() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return spec_.generation();
 }
 
 std::vector<v1::SectionStatus> DesiredState::sections() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return sections_;
 }
 
 v1::NodeSpec DesiredState::applied() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return spec_;
 }
 
 v1::AccessSection DesiredState::access() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return spec_.access();
 }
 
 std::string DesiredState::tunnel_jwks() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return spec_.access().tunnel_jwks();
 }
 

@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "base/log.h"
+#include "base/mutex.h"
 #include "bettercompute/agent/v1/session.pb.h"
 #include "bettercompute/agent/v1/spec.pb.h"
 #include "pki/trust.h"
@@ -64,15 +65,18 @@ class DesiredState {
   DesiredState(std::filesystem::path path, std::string node_id, Logger* log)
       : path_(std::move(path)), node_id_(std::move(node_id)), log_(log) {}
   // Applies `spec`'s sections; called with mu_ held.
-  void ApplyLocked(const bettercompute::agent::v1::NodeSpec& spec);
+  void ApplyLocked(const bettercompute::agent::v1::NodeSpec& spec)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::filesystem::path path_;
   std::string node_id_;
   Logger* log_;
-  mutable std::mutex mu_;
-  std::map<std::string, Applier> appliers_;                        // guarded by mu_
-  bettercompute::agent::v1::NodeSpec spec_;                        // guarded by mu_: applied
-  std::vector<bettercompute::agent::v1::SectionStatus> sections_;  // guarded by mu_
+  // Held while the appliers run (a whole spec applies at once): a mode's applier may take its
+  // own locks after it, and must not call back into DesiredState.
+  mutable Mutex mu_;
+  std::map<std::string, Applier> appliers_ ABSL_GUARDED_BY(mu_);
+  bettercompute::agent::v1::NodeSpec spec_ ABSL_GUARDED_BY(mu_);  // applied
+  std::vector<bettercompute::agent::v1::SectionStatus> sections_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace bcd

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 
+#include "base/mutex.h"
 #include "fmt/format.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
@@ -17,6 +18,9 @@ namespace bcd {
 namespace v1 = bettercompute::agent::v1;
 using Clock = std::chrono::steady_clock;
 
+// Fields marked "guarded by the dispatcher's mu_" are read and written holding Dispatcher::mu_
+// (clang's analysis cannot name another object's mutex, so they carry a comment, not an
+// annotation).
 struct Dispatcher::Job {
   v1::Command command;
   std::string body;
@@ -25,10 +29,10 @@ struct Dispatcher::Job {
   std::unique_ptr<google::protobuf::Message> payload;
   std::string lane_key;  // see CommandHandler::LaneKey
   std::atomic<bool> stop{false};
-  bool running = false;        // guarded by mu_
-  bool timed_out = false;      // guarded by mu_
-  std::string cancel_reason;   // guarded by mu_; set when cancelled
-  Clock::time_point deadline;  // guarded by mu_; set when it starts running
+  bool running = false;        // guarded by the dispatcher's mu_
+  bool timed_out = false;      // guarded by the dispatcher's mu_
+  std::string cancel_reason;   // guarded by the dispatcher's mu_; set when cancelled
+  Clock::time_point deadline;  // guarded by the dispatcher's mu_; set when it starts running
 };
 
 // A lane's workers take the first queued job whose key no worker is running: one at a time per
@@ -36,10 +40,10 @@ struct Dispatcher::Job {
 // Workers start when a job finds none idle, up to `workers`, and live as long as the dispatcher.
 struct Dispatcher::Lane {
   std::size_t workers = 1;
-  std::deque<std::shared_ptr<Job>> queue;  // guarded by mu_
-  std::set<std::string> running_keys;      // guarded by mu_
-  std::size_t idle = 0;                    // guarded by mu_: workers waiting for a job
-  std::vector<std::thread> threads;        // guarded by mu_
+  std::deque<std::shared_ptr<Job>> queue;  // guarded by the dispatcher's mu_
+  std::set<std::string> running_keys;      // guarded by the dispatcher's mu_
+  std::size_t idle = 0;              // guarded by the dispatcher's mu_; workers waiting for a job
+  std::vector<std::thread> threads;  // guarded by the dispatcher's mu_
 
   // The first queued job no worker runs the key of; null when there is none.
   std::shared_ptr<Job> Next() {
@@ -67,7 +71,7 @@ Dispatcher::Dispatcher(proto::Mode mode, std::string node_id, ResultStore* resul
 Dispatcher::~Dispatcher() {
   std::vector<std::thread> threads;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
     for (auto& [id, job] : active_) job->stop = true;
     for (auto& [lane, state] : lanes_) {
@@ -131,7 +135,7 @@ void Dispatcher::Reject(const std::string& id, v1::CommandCode code, const std::
 
 void Dispatcher::Conclude(const v1::CommandUpdate& update, const std::string& body_sha256) {
   auto remember = [&] {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (absl::Status s = results_->Remember(update, hooks_.now(), body_sha256); !s.ok()) {
       log_->Warn("command.not_recorded",
                  {{"command_id", update.command_id()}, {"error", std::string(ToStd(s.message()))}});
@@ -145,7 +149,7 @@ void Dispatcher::Conclude(const v1::CommandUpdate& update, const std::string& bo
 void Dispatcher::ReportInterrupted() {
   std::map<std::string, std::string> interrupted;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     interrupted = results_->running();
   }
   for (const auto& [id, kind] : interrupted) {
@@ -256,7 +260,7 @@ Dispatcher::Step Dispatcher::Remembered(Admission& a) {
   std::optional<ResultStore::Stored> done;
   bool in_hand = false, same = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     done = results_->Lookup(id);
     if (auto it = active_.find(id); it != active_.end()) {
       in_hand = true;
@@ -374,7 +378,7 @@ Dispatcher::Step Dispatcher::RoomForTheResult(Admission& a) {
   absl::Status room;
   bool newly_full = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     room = results_->Room(a.now);
     newly_full = !room.ok() && !results_full_;
     results_full_ = !room.ok();
@@ -392,7 +396,7 @@ Dispatcher::Step Dispatcher::HourlyLimit(Admission& a) {
   }
   absl::Status limited;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     limited = results_->TakeHourly(a.now, a.trust.approvers().unbatched_destructive_per_hour());
   }
   if (absl::IsResourceExhausted(limited)) {
@@ -414,7 +418,7 @@ void Dispatcher::Enqueue(Admission& a) {
   job->body = a.signed_command.body();
   job->body_sha256 = a.body_sha256;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return;
     // The marker tells a restart what it interrupted. An idempotent kind may simply run again,
     // so it goes without (one sync less on the way of the cheapest commands).
@@ -429,7 +433,7 @@ void Dispatcher::Enqueue(Admission& a) {
   // ACCEPTED goes out before the lane can see the job, so it always precedes RUNNING.
   hooks_.update(Update(id, v1::COMMAND_STATE_ACCEPTED));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_ || !job->cancel_reason.empty()) return;  // cancelled meanwhile: answered there
     std::unique_ptr<Lane>& lane = lanes_[kind->lane];
     if (!lane) {
@@ -448,7 +452,7 @@ void Dispatcher::Cancel(const std::string& command_id, const std::string& reason
   std::shared_ptr<Job> job;
   bool queued = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = active_.find(command_id);
     if (it == active_.end()) return;
     job = it->second;
@@ -471,16 +475,18 @@ void Dispatcher::Finish(Job& job, v1::CommandUpdate update) {
   log_->Info("command.done", {{"command_id", job.command.command_id()},
                               {"state", v1::CommandState_Name(update.state())}});
   Conclude(update, job.body_sha256);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   active_.erase(job.command.command_id());
 }
 
 void Dispatcher::LaneLoop(Lane* lane) {
-  std::unique_lock<std::mutex> lock(mu_);
+  UniqueLock lock(mu_);
   while (true) {
     std::shared_ptr<Job> job;
     ++lane->idle;
-    cv_.wait(lock, [&] { return stopping_ || (job = lane->Next()) != nullptr; });
+    cv_.wait(lock, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stopping_ || (job = lane->Next()) != nullptr;
+    });
     --lane->idle;
     if (stopping_) return;
     lane->running_keys.insert(job->lane_key);
@@ -521,7 +527,7 @@ void Dispatcher::LaneLoop(Lane* lane) {
 }
 
 void Dispatcher::Watch() {
-  std::unique_lock<std::mutex> lock(mu_);
+  UniqueLock lock(mu_);
   while (!stopping_) {
     Clock::time_point next = Clock::time_point::max();
     Clock::time_point now = Clock::now();

@@ -29,6 +29,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/mutex.h"
 #include "bettercompute/agent/v1/commands.pb.h"
 #include "daemon/delivery/results.h"
 #include "pki/approvals.h"
@@ -208,13 +209,14 @@ class Dispatcher {
   std::map<std::string, std::unique_ptr<CommandHandler>> handlers_;
   pki::ChainVerifier chains_;  // the worker chains that verified
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  ResultStore* results_;                                // guarded by mu_
-  std::map<proto::Lane, std::unique_ptr<Lane>> lanes_;  // guarded by mu_
-  std::map<std::string, std::shared_ptr<Job>> active_;  // queued or running, by id; guarded by mu_
-  bool stopping_ = false;                               // guarded by mu_
-  bool results_full_ = false;  // guarded by mu_: results.full was reported and still holds
+  Mutex mu_;
+  CondVar cv_;
+  ResultStore* results_ ABSL_GUARDED_BY(mu_);
+  std::map<proto::Lane, std::unique_ptr<Lane>> lanes_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<Job>> active_
+      ABSL_GUARDED_BY(mu_);  // queued or running, by id
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool results_full_ ABSL_GUARDED_BY(mu_) = false;  // results.full was reported and still holds
   std::thread watchdog_;
 };
 

@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "base/backoff.h"
+#include "base/mutex.h"
 #include "fmt/format.h"
 #include "proto/absl_compat.h"
 #include "proto/frame_codec.h"
@@ -86,7 +87,7 @@ void Renewer::Start() {
 
 void Renewer::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
   cv_.notify_all();
@@ -94,18 +95,19 @@ void Renewer::Stop() {
 }
 
 bool Renewer::WaitForRenewals(int count, std::chrono::milliseconds timeout) const {
-  std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, timeout, [&] { return renewals_ >= count; });
+  UniqueLock lock(mu_);
+  return cv_.wait_for(lock, timeout,
+                      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return renewals_ >= count; });
 }
 
 int Renewer::renewals() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return renewals_;
 }
 
 void Renewer::Loop() {
   Backoff backoff(uniform01_);
-  std::unique_lock<std::mutex> lock(mu_);
+  UniqueLock lock(mu_);
   while (!stopping_) {
     lock.unlock();
     absl::StatusOr<Identity> current = state_.LoadIdentity();
@@ -152,7 +154,7 @@ void Renewer::Loop() {
       return;
     }
     cv_.wait_for(lock, std::min(delay, std::chrono::milliseconds(left_ms)),
-                 [&] { return stopping_; });
+                 [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; });
   }
 }
 

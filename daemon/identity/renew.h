@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/mutex.h"
 #include "daemon/identity/identity.h"
 #include "pki/trust.h"
 #include "transport/refusal.h"
@@ -67,10 +68,10 @@ class Renewer {
   Logger* log_;
   std::function<void(const Identity&)> on_renewed_;
   std::thread thread_;
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  bool stopping_ = false;  // guarded by mu_
-  int renewals_ = 0;       // guarded by mu_
+  mutable Mutex mu_;
+  mutable CondVar cv_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int renewals_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace bcd

@@ -2,6 +2,7 @@
 
 #include <openssl/rand.h>
 
+#include "base/mutex.h"
 #include "fmt/format.h"
 #include "pki/jwe.h"
 #include "proto/absl_compat.h"
@@ -50,7 +51,7 @@ SecretClient::SecretClient(SecretClientOptions options, Logger* log)
 std::string SecretClient::NewRequestId() {
   unsigned char random[8];
   RAND_bytes(random, sizeof random);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::string id = fmt::format("r{}-", next_id_++);
   for (unsigned char b : random) id += fmt::format("{:02x}", b);
   return id;
@@ -60,7 +61,7 @@ absl::StatusOr<std::pair<std::string, std::string>> SecretClient::Exchange(
     const std::string& request_id, const v1::AgentFrame& frame, const std::string& what) {
   auto wait = std::make_shared<Wait>();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (session_ == 0) {
       return absl::UnavailableError(fmt::format("{}: no session to the gateway", what));
     }
@@ -68,14 +69,14 @@ absl::StatusOr<std::pair<std::string, std::string>> SecretClient::Exchange(
     waits_[request_id] = wait;
   }
   auto forget = [&] {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     waits_.erase(request_id);
   };
   if (!options_.send(frame)) {
     forget();
     return absl::UnavailableError(fmt::format("{}: no session to the gateway", what));
   }
-  std::unique_lock<std::mutex> lock(mu_);
+  UniqueLock lock(mu_);
   bool answered = cv_.wait_for(lock, options_.timeout, [&] { return wait->done || wait->lost; });
   waits_.erase(request_id);
   if (wait->lost) {
@@ -179,13 +180,13 @@ absl::StatusOr<std::string> SecretClient::WorkloadToken(const std::string& insta
 }
 
 void SecretClient::SessionUp(uint64_t session) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   session_ = session;
 }
 
 void SecretClient::SessionDown() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     session_ = 0;
     for (auto& [id, wait] : waits_) wait->lost = true;
   }
@@ -194,7 +195,7 @@ void SecretClient::SessionDown() {
 
 void SecretClient::Deliver(const std::string& request_id, std::string jwe, std::string error) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = waits_.find(request_id);
     // An answer to nothing: never asked, asked on an earlier session, or already answered.
     if (it == waits_.end() || it->second->session != session_ || it->second->done) {
@@ -218,7 +219,7 @@ void SecretClient::OnWorkloadTokenResponse(const v1::WorkloadTokenResponse& resp
 }
 
 int SecretClient::unmatched() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return unmatched_;
 }
 

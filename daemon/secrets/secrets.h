@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/mutex.h"
 #include "bettercompute/agent/v1/session.pb.h"
 #include "pki/keys.h"
 
@@ -89,12 +90,12 @@ class SecretClient {
 
   SecretClientOptions options_;
   Logger* log_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  uint64_t session_ = 0;                                // guarded by mu_; 0 while none
-  uint64_t next_id_ = 1;                                // guarded by mu_
-  int unmatched_ = 0;                                   // guarded by mu_
-  std::map<std::string, std::shared_ptr<Wait>> waits_;  // by request id; guarded by mu_
+  mutable Mutex mu_;
+  CondVar cv_;
+  uint64_t session_ ABSL_GUARDED_BY(mu_) = 0;  // 0 while none
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  int unmatched_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, std::shared_ptr<Wait>> waits_ ABSL_GUARDED_BY(mu_);  // by request id
 };
 
 }  // namespace bcd

@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "base/backoff.h"
+#include "base/mutex.h"
 #include "daemon/dispatch/desired.h"
 #include "daemon/dispatch/dispatcher.h"
 #include "daemon/secrets/secrets.h"
@@ -49,12 +50,12 @@ absl::Status SessionEngine::EmitUpdate(const v1::CommandUpdate& update,
 }
 
 bool SessionEngine::Send(const v1::AgentFrame& frame) {
-  std::lock_guard<std::mutex> lock(outbox_mu_);
+  MutexLock lock(outbox_mu_);
   return live_ != nullptr && live_->Write(frame);
 }
 
 absl::Status SessionEngine::Enqueue(v1::AgentFrame frame, const std::function<void()>& then) {
-  std::lock_guard<std::mutex> lock(outbox_mu_);
+  MutexLock lock(outbox_mu_);
   absl::StatusOr<v1::AgentFrame> stored = outbox_->Append(std::move(frame));
   // Runs before an Ack can drop the entry: see EmitUpdate.
   if (then) then();
@@ -72,7 +73,7 @@ absl::Status SessionEngine::Enqueue(v1::AgentFrame frame, const std::function<vo
       if (absl::StatusOr<v1::AgentFrame> sent = outbox_->Append(std::move(notice)); sent.ok()) {
         log_->Error("outbox.full", {{"pending", std::to_string(outbox_->pending().size())}});
         if (live_ != nullptr) live_->Write(*sent);
-        std::lock_guard<std::mutex> snapshot_lock(mu_);
+        MutexLock snapshot_lock(mu_);
         snapshot_.outbox_pending = outbox_->pending().size();
       }
     }
@@ -80,7 +81,7 @@ absl::Status SessionEngine::Enqueue(v1::AgentFrame frame, const std::function<vo
     return stored.status();
   }
   if (live_ != nullptr) live_->Write(*stored);
-  std::lock_guard<std::mutex> snapshot_lock(mu_);
+  MutexLock snapshot_lock(mu_);
   snapshot_.outbox_pending = outbox_->pending().size();
   return absl::OkStatus();
 }
@@ -89,7 +90,7 @@ SessionEngine::~SessionEngine() = default;
 
 void SessionEngine::SetState(std::string state, std::string error) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     snapshot_.state = std::move(state);
     if (!error.empty()) snapshot_.last_error = std::move(error);
   }
@@ -98,12 +99,13 @@ void SessionEngine::SetState(std::string state, std::string error) {
 
 bool SessionEngine::WaitUntil(const std::function<bool(const SessionSnapshot&)>& done,
                               std::chrono::milliseconds timeout) const {
-  std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, timeout, [&] { return done(snapshot_); });
+  UniqueLock lock(mu_);
+  return cv_.wait_for(lock, timeout,
+                      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done(snapshot_); });
 }
 
 SessionSnapshot SessionEngine::Snapshot() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return snapshot_;
 }
 
@@ -118,7 +120,7 @@ v1::AgentFrame SessionEngine::Hello() const {
   hello->set_trust_version(trust_.version());
   if (desired_ != nullptr) hello->set_applied_generation(desired_->applied_generation());
   {
-    std::lock_guard<std::mutex> lock(outbox_mu_);
+    MutexLock lock(outbox_mu_);
     hello->set_last_acked_seq(outbox_->last_acked());
   }
   hello->set_boot_id(options_.boot_id);
@@ -141,7 +143,7 @@ v1::AgentFrame SessionEngine::Status() const {
   status->set_certificate_not_after(static_cast<uint64_t>(options_.certificate_not_after));
   status->set_daemon_version(BCD_VERSION);
   {
-    std::lock_guard<std::mutex> lock(outbox_mu_);
+    MutexLock lock(outbox_mu_);
     status->set_outbox_pending(outbox_->pending().size());
   }
   status->set_approver_set_epoch(trust_.approvers().epoch());
@@ -164,7 +166,7 @@ bool SessionEngine::ApplyTrust(const v1::SignedTrustBundle& bundle) {
   // when its change was refused.
   if (options_.on_trust) options_.on_trust(trust_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     snapshot_.trust_version = trust_.version();
   }
   log_->Info("trust.updated", {{"version", std::to_string(trust_.version())}});
@@ -176,7 +178,7 @@ bool SessionEngine::ApplyTrust(const v1::SignedTrustBundle& bundle) {
 bool SessionEngine::Handle(const v1::ServerFrame& frame) {
   auto unhandled = [&] {
     // Tunnels arrive with their own work; the other cases need their handler set.
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     ++snapshot_.unhandled_frames;
     return false;
   };
@@ -210,11 +212,11 @@ bool SessionEngine::Handle(const v1::ServerFrame& frame) {
       secrets_->OnWorkloadTokenResponse(frame.workload_token_response());
       return false;
     case v1::ServerFrame::kAck: {
-      std::lock_guard<std::mutex> lock(outbox_mu_);
+      MutexLock lock(outbox_mu_);
       if (absl::Status s = outbox_->Ack(frame.ack().up_to_seq()); !s.ok()) {
         log_->Warn("outbox.ack_failed", {{"error", std::string(ToStd(s.message()))}});
       }
-      std::lock_guard<std::mutex> snapshot_lock(mu_);
+      MutexLock snapshot_lock(mu_);
       snapshot_.outbox_pending = outbox_->pending().size();
       snapshot_.last_acked_seq = outbox_->last_acked();
       cv_.notify_all();
@@ -232,7 +234,7 @@ bool SessionEngine::Handle(const v1::ServerFrame& frame) {
       {
         transport::FrameStream* session;
         {
-          std::lock_guard<std::mutex> lock(outbox_mu_);
+          MutexLock lock(outbox_mu_);
           session = live_;  // the stream this frame came on (Handle runs on its reading thread)
         }
         if (tunnels_ == nullptr || session == nullptr) return unhandled();
@@ -241,7 +243,7 @@ bool SessionEngine::Handle(const v1::ServerFrame& frame) {
         return false;
       }
     case v1::ServerFrame::FRAME_NOT_SET: {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       ++snapshot_.unknown_frames;
       return false;
     }
@@ -253,11 +255,11 @@ bool SessionEngine::Handle(const v1::ServerFrame& frame) {
 bool SessionEngine::ReadFirst(transport::FrameStream& stream, v1::ServerFrame* first, bool* late) {
   // A gateway that never answers Hello must not hold the session: past the timeout the stream is
   // cancelled, which ends the Read below.
-  std::mutex mu;
-  std::condition_variable cv;
+  Mutex mu;
+  CondVar cv;
   bool answered = false;
   std::thread watch([&] {
-    std::unique_lock<std::mutex> lock(mu);
+    UniqueLock lock(mu);
     if (!cv.wait_for(lock, options_.welcome_timeout, [&] { return answered; })) {
       *late = true;
       stream.Cancel();
@@ -265,7 +267,7 @@ bool SessionEngine::ReadFirst(transport::FrameStream& stream, v1::ServerFrame* f
   });
   bool read = stream.Read(first);
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     answered = true;
   }
   cv.notify_all();
@@ -275,7 +277,7 @@ bool SessionEngine::ReadFirst(transport::FrameStream& stream, v1::ServerFrame* f
 
 void SessionEngine::Welcomed(transport::FrameStream& stream, const v1::Welcome& welcome) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     snapshot_.state = "connected";
     snapshot_.session_id = welcome.session_id();
     snapshot_.protocol_version = welcome.protocol_version();
@@ -289,7 +291,7 @@ void SessionEngine::Welcomed(transport::FrameStream& stream, const v1::Welcome& 
               {"upgrade_required", welcome.upgrade_required() ? "true" : "false"}});
   {
     // What the gateway has not acknowledged goes again, in order, before anything new.
-    std::lock_guard<std::mutex> lock(outbox_mu_);
+    MutexLock lock(outbox_mu_);
     for (const v1::AgentFrame& pending : outbox_->pending()) stream.Write(pending);
     live_ = &stream;
   }
@@ -300,11 +302,11 @@ void SessionEngine::Welcomed(transport::FrameStream& stream, const v1::Welcome& 
 
 void SessionEngine::Converse(transport::FrameStream& stream) {
   // The periodic StatusReport, until this connection ends.
-  std::mutex ticker_mu;
-  std::condition_variable ticker_cv;
+  Mutex ticker_mu;
+  CondVar ticker_cv;
   bool ended = false;
   std::thread ticker([&] {
-    std::unique_lock<std::mutex> lock(ticker_mu);
+    UniqueLock lock(ticker_mu);
     while (!ticker_cv.wait_for(lock, std::chrono::milliseconds(status_interval_ms_.load()),
                                [&] { return ended; })) {
       lock.unlock();
@@ -318,13 +320,13 @@ void SessionEngine::Converse(transport::FrameStream& stream) {
   }
   if (tunnels_ != nullptr) tunnels_->CloseAll();  // a tunnel lives no longer than its session
   {
-    std::lock_guard<std::mutex> lock(ticker_mu);
+    MutexLock lock(ticker_mu);
     ended = true;
   }
   ticker_cv.notify_all();
   ticker.join();
   {
-    std::lock_guard<std::mutex> lock(outbox_mu_);
+    MutexLock lock(outbox_mu_);
     live_ = nullptr;
   }
   if (secrets_ != nullptr) secrets_->SessionDown();  // waits on this session fail now
@@ -382,7 +384,7 @@ absl::Status SessionEngine::Run() {
   while (true) {
     int welcomes_before;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (stopping_) break;
       snapshot_.state = "connecting";
       snapshot_.session_id.clear();  // the last session's id is not this one's
@@ -399,13 +401,13 @@ absl::Status SessionEngine::Run() {
                                      {"retry_ms", std::to_string(delay.count())}});
     } else {
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         current_ = stream->get();
         if (stopping_) (*stream)->CloseSend();
       }
       transport::Refusal refusal = Serve(**stream, backoff);
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         current_ = nullptr;
         if (stopping_) break;
       }
@@ -425,11 +427,11 @@ absl::Status SessionEngine::Run() {
                                {"error", error},
                                {"retry_ms", std::to_string(delay.count())}});
     }
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, delay, [&] { return stopping_; });
+    UniqueLock lock(mu_);
+    cv_.wait_for(lock, delay, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; });
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     snapshot_.state = "stopped";
     current_ = nullptr;
   }
@@ -439,11 +441,12 @@ absl::Status SessionEngine::Run() {
 }
 
 void SessionEngine::Stop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  UniqueLock lock(mu_);
   stopping_ = true;
   if (current_ != nullptr) current_->CloseSend();
   cv_.notify_all();
-  if (!cv_.wait_for(lock, std::chrono::seconds(2), [&] { return current_ == nullptr; })) {
+  if (!cv_.wait_for(lock, std::chrono::seconds(2),
+                    [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return current_ == nullptr; })) {
     current_->Cancel();
   }
 }

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/mutex.h"
 #include "bettercompute/agent/v1/session.pb.h"
 #include "daemon/delivery/outbox.h"
 #include "pki/trust.h"
@@ -144,15 +145,17 @@ class SessionEngine {
 
   // Appending to the outbox and sending in seq order happen under one lock, so an event emitted
   // from another thread never overtakes the replay of older ones.
-  mutable std::mutex outbox_mu_;
-  Outbox* outbox_;                          // guarded by outbox_mu_
-  transport::FrameStream* live_ = nullptr;  // guarded by outbox_mu_: set once welcomed
+  // Lock order: outbox_mu_, then mu_ (an Ack updates the snapshot), then the live stream's own
+  // write lock (Send writes holding outbox_mu_). Nothing takes outbox_mu_ holding mu_.
+  mutable Mutex outbox_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  Outbox* outbox_ ABSL_GUARDED_BY(outbox_mu_);
+  transport::FrameStream* live_ ABSL_GUARDED_BY(outbox_mu_) = nullptr;  // set once welcomed
 
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  bool stopping_ = false;                      // guarded by mu_
-  transport::FrameStream* current_ = nullptr;  // guarded by mu_
-  SessionSnapshot snapshot_;                   // guarded by mu_
+  mutable Mutex mu_;
+  mutable CondVar cv_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  transport::FrameStream* current_ ABSL_GUARDED_BY(mu_) = nullptr;
+  SessionSnapshot snapshot_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace bcd

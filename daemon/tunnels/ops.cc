@@ -18,6 +18,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "base/mutex.h"
 #include "fmt/format.h"
 #include "proto/absl_compat.h"
 
@@ -105,7 +106,7 @@ absl::StatusOr<Fd> Dial(const std::string& host, uint16_t port,
 v1::TunnelFrame RunKept(Tunnel& t, pid_t keeper, int input, int pty,
                         const std::vector<int>& outputs) {
   {
-    std::lock_guard<std::mutex> lock(t.mu);
+    MutexLock lock(t.mu);
     t.keeper = keeper;
     t.input = input;
     t.pty = pty;
@@ -116,13 +117,13 @@ v1::TunnelFrame RunKept(Tunnel& t, pid_t keeper, int input, int pty,
   {
     // The command's output ended: it exited (and the keeper killed what it left behind), or the
     // tunnel closed. Either way the keeper ends everything and exits.
-    std::lock_guard<std::mutex> lock(t.mu);
+    MutexLock lock(t.mu);
     if (t.closing) kill(keeper, SIGTERM);
   }
   int status = 0;
   while (waitpid(keeper, &status, 0) < 0 && errno == EINTR) {
   }
-  std::lock_guard<std::mutex> lock(t.mu);
+  MutexLock lock(t.mu);
   t.keeper = -1;
   t.input = -1;
   t.pty = -1;
@@ -191,7 +192,7 @@ class ExecOp final : public TunnelOp {
     stderr_ = std::move(err[0]);
     int input = in[1].get();
     {
-      std::lock_guard<std::mutex> lock(t.mu);
+      MutexLock lock(t.mu);
       t.stdin_pipe = std::move(in[1]);
     }
     return RunKept(t, pid, input, -1, {stdout_.get(), stderr_.get()});
@@ -218,14 +219,14 @@ class TcpOp final : public TunnelOp {
     }
     socket_ = *std::move(fd);
     {
-      std::lock_guard<std::mutex> lock(t.mu);
+      MutexLock lock(t.mu);
       t.socket = socket_.get();
       t.input = socket_.get();
       if (t.closing) shutdown(socket_.get(), SHUT_RDWR);
     }
     t.StartReader();
     t.Pump({socket_.get()});
-    std::lock_guard<std::mutex> lock(t.mu);
+    MutexLock lock(t.mu);
     shutdown(socket_.get(), SHUT_RDWR);  // a reader blocked writing to it returns
     t.socket = -1;
     t.input = -1;
@@ -263,7 +264,7 @@ std::unique_ptr<TunnelOp> MakeTcpOp(absl::StatusOr<std::string> host, uint16_t p
 }
 
 void Tunnel::Stop() {
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(mu);
   closing = true;
   if (keeper > 0) kill(keeper, SIGTERM);
   if (socket >= 0) shutdown(socket, SHUT_RDWR);
@@ -280,14 +281,14 @@ void Tunnel::ReadStream() {
       int fd;
       bool is_socket;
       {
-        std::lock_guard<std::mutex> lock(mu);
+        MutexLock lock(mu);
         fd = input;
         is_socket = socket >= 0 && input == socket;
       }
       if (fd < 0) continue;
       if (frame.data().data().empty()) {
         // End of input: EOF on stdin, or a half-close of the connection.
-        std::lock_guard<std::mutex> lock(mu);
+        MutexLock lock(mu);
         if (is_socket) {
           shutdown(input, SHUT_WR);
         } else if (stdin_pipe && input == stdin_pipe.get()) {
@@ -299,7 +300,7 @@ void Tunnel::ReadStream() {
       // Blocks while the other end does not read: flow control reaches the gateway.
       if (!WriteAll(fd, frame.data().data().data(), frame.data().data().size())) continue;
     } else if (frame.has_resize()) {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       if (pty >= 0) {
         winsize size{};
         size.ws_row = static_cast<unsigned short>(std::min<uint32_t>(frame.resize().rows(), 1000));
@@ -311,7 +312,7 @@ void Tunnel::ReadStream() {
     }
   }
   Stop();
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(mu);
   reader_done = true;
   cv.notify_all();
 }
@@ -331,7 +332,7 @@ void Tunnel::Pump(const std::vector<int>& fds) {
     if (polls.empty()) return;
     if (poll(polls.data(), polls.size(), 500) < 0 && errno != EINTR) return;
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       if (closing && keeper <= 0 && socket < 0) return;
     }
     for (std::size_t p = 0; p < polls.size(); ++p) {
@@ -356,14 +357,15 @@ void Tunnel::Finish(const v1::TunnelFrame& closed) {
   stream->Write(closed);
   stream->CloseSend();
   {
-    std::unique_lock<std::mutex> lock(mu);
-    if (!cv.wait_for(lock, std::chrono::seconds(5), [&] { return reader_done; })) {
+    UniqueLock lock(mu);
+    if (!cv.wait_for(lock, std::chrono::seconds(5),
+                     [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return reader_done; })) {
       lock.unlock();
       stream->Cancel();
     }
   }
   reader_.join();
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(mu);
   stdin_pipe.reset();
 }
 

@@ -18,6 +18,7 @@
 
 #include "base/fd.h"
 #include "base/log.h"
+#include "base/mutex.h"
 #include "bettercompute/agent/v1/tunnel.pb.h"
 #include "config/config.h"
 #include "daemon/tunnels/keeper.h"
@@ -35,16 +36,16 @@ struct Tunnel {
   std::thread thread;
   std::atomic<bool> done{false};
 
-  std::mutex mu;
-  std::condition_variable cv;
-  bool closing = false;      // guarded by mu: the operator's side ended
-  bool reader_done = false;  // guarded by mu
-  pid_t keeper = -1;         // guarded by mu: told (SIGTERM) to end everything on close
+  Mutex mu;
+  CondVar cv;
+  bool closing ABSL_GUARDED_BY(mu) = false;  // the operator's side ended
+  bool reader_done ABSL_GUARDED_BY(mu) = false;
+  pid_t keeper ABSL_GUARDED_BY(mu) = -1;  // told (SIGTERM) to end everything on close
   // The op's endpoints, borrowed (the op owns them and outlives the reader):
-  int socket = -1;  // guarded by mu: the tcp socket to shut down on close
-  int input = -1;   // guarded by mu: where channel 0 goes (stdin pipe, PTY, socket)
-  int pty = -1;     // guarded by mu: for resize
-  Fd stdin_pipe;    // guarded by mu: exec's stdin, owned here: the operator's EOF closes it
+  int socket ABSL_GUARDED_BY(mu) = -1;  // the tcp socket to shut down on close
+  int input ABSL_GUARDED_BY(mu) = -1;   // where channel 0 goes (stdin pipe, PTY, socket)
+  int pty ABSL_GUARDED_BY(mu) = -1;     // for resize
+  Fd stdin_pipe ABSL_GUARDED_BY(mu);    // exec's stdin, owned here: the operator's EOF closes it
 
   // The other side is gone or asked to close: stop what runs here.
   void Stop();

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "base/mutex.h"
 #include "daemon/tunnels/keeper.h"
 #include "daemon/tunnels/ops.h"
 #include "fmt/format.h"
@@ -72,7 +73,7 @@ void TunnelRunner::Reap() {
 }
 
 int TunnelRunner::active() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   int n = 0;
   for (const auto& t : tunnels_) n += !t->done.load();
   return n;
@@ -81,7 +82,7 @@ int TunnelRunner::active() const {
 void TunnelRunner::CloseAll() {
   std::list<std::shared_ptr<tunnels::Tunnel>> all;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     all.swap(tunnels_);
   }
   for (auto& t : all) {
@@ -136,7 +137,7 @@ absl::StatusOr<std::unique_ptr<tunnels::TunnelOp>> TunnelRunner::Admit(
   } else {  // tcp
     made = tunnels::MakeTcpOp(ticket->host(), ticket->port(), &options_.allow, log_);
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Reap();
   if (tunnels_.size() >= access->max) {
     return Refuse(id, fmt::format("{} tunnels are open, the most the access section and "
@@ -164,7 +165,7 @@ absl::Status TunnelRunner::Open(const v1::OpenTunnel& open, transport::FrameStre
   if (!stream.ok()) return Refuse(id, std::string(ToStd(stream.status().message())));
   tunnel->stream = *std::move(stream);
   log_->Info("tunnel.open", {{"tunnel_id", id}, {"op", tunnel->ticket->op()}});
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   tunnels_.push_back(tunnel);
   tunnel->thread =
       std::thread([this, tunnel, op = *std::move(op)]() mutable { Run(*tunnel, std::move(op)); });

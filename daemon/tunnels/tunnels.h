@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/mutex.h"
 #include "bettercompute/agent/v1/spec.pb.h"
 #include "config/config.h"
 #include "pki/jwt.h"
@@ -107,13 +108,13 @@ class TunnelRunner {
       std::optional<pki::TunnelTicket>* ticket);
   // The tunnel's thread: opened, the op, closed.
   void Run(tunnels::Tunnel& tunnel, std::unique_ptr<tunnels::TunnelOp> op);
-  void Reap();  // joins tunnels that ended; holds mu_
+  void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // joins tunnels that ended
 
   TunnelRunnerOptions options_;
   Logger* log_;
-  mutable std::mutex mu_;
-  pki::JtiSet jti_;                                      // guarded by mu_
-  std::list<std::shared_ptr<tunnels::Tunnel>> tunnels_;  // guarded by mu_
+  mutable Mutex mu_;
+  pki::JtiSet jti_ ABSL_GUARDED_BY(mu_);
+  std::list<std::shared_ptr<tunnels::Tunnel>> tunnels_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace bcd

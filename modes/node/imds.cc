@@ -17,6 +17,7 @@
 #include <sstream>
 #include <utility>
 
+#include "base/mutex.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
 #include "pki/base64url.h"
@@ -170,9 +171,9 @@ ImdsServer::~ImdsServer() {
   }
   if (thread_.joinable()) thread_.join();
   if (listen_fd_ >= 0) close(listen_fd_);
-  std::unique_lock<std::mutex> lock(mu_);
+  UniqueLock lock(mu_);
   for (int fd : open_) shutdown(fd, SHUT_RDWR);  // every connection ends now
-  idle_.wait(lock, [&] { return known_ + unknown_ == 0; });
+  idle_.wait(lock, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return known_ + unknown_ == 0; });
   if (wake_fd_ >= 0) close(wake_fd_);
 }
 
@@ -193,7 +194,7 @@ void ImdsServer::Loop() {
     for (const v1::VpsInstance& instance : options_.instances())
       known |= instance.address() == address;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       int& mine = slots_[address];
       bool room = known ? known_ < kMaxConcurrent && mine < kSlotsPerSource
                         : unknown_ < kUnknownSlots && mine < 1;
@@ -210,7 +211,7 @@ void ImdsServer::Loop() {
     // 10 s) and must not hold up other instances.
     std::thread([this, fd, address, known] {
       Serve(fd, address, known);
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       open_.erase(fd);
       close(fd);
       if (--slots_[address] == 0) slots_.erase(address);
@@ -287,7 +288,7 @@ std::string ImdsServer::AnswerBytes(std::string_view bytes, const std::string& p
 void ImdsServer::LogUnknownSource(const std::string& peer) {
   int64_t now = options_.now();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto [it, fresh] = unknown_logged_.try_emplace(peer, now);
     if (!fresh && now - it->second < 60) return;  // once per address and minute
     it->second = now;
@@ -302,11 +303,11 @@ std::string ImdsServer::IssueToken(const std::string& peer, int64_t ttl, int64_t
   unsigned char random[32];
   RAND_bytes(random, sizeof random);
   std::string token = pki::Base64UrlEncode({reinterpret_cast<char*>(random), sizeof random});
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::erase_if(tokens_, [&](const auto& entry) { return entry.second.expires <= now; });
   // An address holds at most kTokensPerSource (its oldest goes), and all of them kMaxTokens (the
   // oldest overall goes): no instance can take the tokens others need.
-  auto oldest = [&](bool of_peer) {
+  auto oldest = [&](bool of_peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto found = tokens_.end();
     for (auto it = tokens_.begin(); it != tokens_.end(); ++it) {
       if (of_peer && it->second.address != peer) continue;
@@ -358,7 +359,7 @@ std::string ImdsServer::Respond(const Parsed& parsed, const std::string& peer,
   }
   {
     std::string token(request[kTokenHeader]);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = tokens_.find(token);
     if (token.empty() || it == tokens_.end() || it->second.address != peer ||
         it->second.expires <= now) {

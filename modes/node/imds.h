@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/mutex.h"
 #include "bettercompute/agent/v1/spec.pb.h"
 
 namespace bcd {
@@ -93,14 +94,14 @@ class ImdsServer {
   int wake_fd_ = -1;  // eventfd: stop
   uint16_t port_ = 0;
   std::atomic<bool> stopping_{false};
-  std::mutex mu_;
-  std::map<std::string, Token> tokens_;            // guarded by mu_
-  uint64_t issued_ = 0;                            // guarded by mu_
-  std::map<std::string, int> slots_;               // guarded by mu_: requests in hand per address
-  int known_ = 0, unknown_ = 0;                    // guarded by mu_: requests in hand
-  std::set<int> open_;                             // guarded by mu_: their sockets
-  std::map<std::string, int64_t> unknown_logged_;  // guarded by mu_: address -> when logged
-  std::condition_variable idle_;                   // a request ended
+  Mutex mu_;
+  std::map<std::string, Token> tokens_ ABSL_GUARDED_BY(mu_);
+  uint64_t issued_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, int> slots_ ABSL_GUARDED_BY(mu_);  // requests in hand per address
+  int known_ ABSL_GUARDED_BY(mu_) = 0, unknown_ = 0;       // requests in hand
+  std::set<int> open_ ABSL_GUARDED_BY(mu_);                // their sockets
+  std::map<std::string, int64_t> unknown_logged_ ABSL_GUARDED_BY(mu_);  // address -> when logged
+  CondVar idle_;                                                        // a request ended
   std::thread thread_;
 };
 

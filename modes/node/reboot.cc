@@ -1,5 +1,6 @@
 #include "modes/node/reboot.h"
 
+#include "base/mutex.h"
 #include "base/subprocess.h"
 #include "daemon/session/session.h"
 #include "fmt/format.h"
@@ -11,7 +12,7 @@ namespace v1 = bettercompute::agent::v1;
 
 int64_t RebootScheduler::Schedule(std::chrono::seconds delay, std::string reason,
                                   std::string command_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (due_) return *due_;  // one is due: the node reboots once
   int64_t due = now_() + delay.count();
   if (stopping_) return due;
@@ -26,13 +27,14 @@ void RebootScheduler::Wait(std::chrono::seconds delay, const std::string& reason
                            const std::string& command_id) {
   auto abandon = [&](std::string_view why) {
     log_->Warn("node.reboot_abandoned", {{"reason", reason}, {"why", std::string(why)}});
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     due_.reset();
   };
   auto due_at = std::chrono::steady_clock::now() + delay;
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (cv_.wait_until(lock, due_at, [&] { return stopping_; })) {
+    UniqueLock lock(mu_);
+    if (cv_.wait_until(lock, due_at,
+                       [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; })) {
       lock.unlock();
       return abandon("bcd stopped before the reboot was due");
     }
@@ -45,7 +47,7 @@ void RebootScheduler::Wait(std::chrono::seconds delay, const std::string& reason
   engine_->WaitUntil(drained, result_wait_);
   bool stopped;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopped = stopping_ || engine_->Snapshot().state == "stopped";
     if (!stopped) due_.reset();  // from here a new request is a new reboot
   }
@@ -65,7 +67,7 @@ void RebootScheduler::Wait(std::chrono::seconds delay, const std::string& reason
 void RebootScheduler::Stop() {
   std::thread thread;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
     thread = std::move(thread_);
   }

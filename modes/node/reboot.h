@@ -14,6 +14,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/mutex.h"
 #include "bettercompute/agent/v1/commands.pb.h"
 #include "daemon/dispatch/dispatcher.h"
 
@@ -48,11 +49,11 @@ class RebootScheduler {
   SessionEngine* engine_;
   UnixClock now_;
   Logger* log_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;       // guarded by mu_
-  std::optional<int64_t> due_;  // guarded by mu_: set while a reboot waits
-  std::thread thread_;          // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<int64_t> due_ ABSL_GUARDED_BY(mu_);  // set while a reboot waits
+  std::thread thread_ ABSL_GUARDED_BY(mu_);
 };
 
 // node.reboot: hands the delay to the scheduler and answers with the time the reboot is due (an
