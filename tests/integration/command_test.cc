@@ -27,6 +27,7 @@
 #include "testing/dev_gateway.h"
 #include "testing/upload_sink.h"
 #include "testing/wait.h"
+#include "tests/integration/joined_node.h"
 #include "tests/unit/fake_root.h"
 
 namespace bcd {
@@ -36,28 +37,18 @@ namespace v1 = bettercompute::agent::v1;
 using bcd::testing::DevGateway;
 using bcd::testing::DevPki;
 using bcd::testing::FakeRoot;
+using bcd::testing::JoinedNode;
 using std::chrono::seconds;
 
 constexpr auto kWait = seconds(20);
 
 class Commands : public ::testing::Test {
  protected:
-  Commands() : pki_(*DevPki::Create(std::time(nullptr))) {
-    gateway_ = *DevGateway::Start(pki_, {});
+  Commands() {
     root_.PopulateServer();
     // Stand-ins for journalctl and dmesg, and a reboot command that leaves a mark.
     Script("journalctl", "echo \"journal of $5 since ${7:-always}\"");
     Script("dmesg", "echo '[    0.000000] Linux version 6.1.0'");
-    Config config = *Config::Parse(
-        gateway_->ConfigToml(dir_.path() / "state") +
-            "[node]\nreboot_command = [\"/bin/sh\", \"-c\", \"echo rebooted $BCD_COMMAND_ID >> " +
-            (dir_.path() / "rebooted").string() + "\"]\n",
-        "test.toml");
-    JoinSpec spec{.evidence = gateway_->AddJoinToken("n-1"),
-                  .now = [] { return static_cast<int64_t>(std::time(nullptr)); },
-                  .sleep = [](seconds) {}};
-    EXPECT_TRUE(JoinFleet(config, spec).ok());
-    config_ = std::make_unique<Config>(config);
     Start();
   }
   ~Commands() override { Stop(); }
@@ -69,27 +60,17 @@ class Commands : public ::testing::Test {
   }
 
   void Start() {
-    daemon_ = *Agent::Create(*config_,
-                             std::make_unique<NodeMode>(NodeModeOptions{
-                                 .sources = {.inventory = {root_.path(), "x86_64", nullptr, 0},
-                                             .journalctl = (dir_.path() / "journalctl").string(),
-                                             .dmesg = (dir_.path() / "dmesg").string()},
-                                 .reboot_result_wait = reboot_result_wait_}),
-                             {.now = [] { return static_cast<int64_t>(std::time(nullptr)); },
-                              .uniform01 = [] { return 0.01; },
-                              .log = &log_,
-                              .outbox_max_entries = outbox_max_entries_});
-    runner_ = std::thread([this] { (void)daemon_->Run(); });
+    node_.Start(std::make_unique<NodeMode>(
+                    NodeModeOptions{.sources = {.inventory = {root_.path(), "x86_64", nullptr, 0},
+                                                .journalctl = (dir_.path() / "journalctl").string(),
+                                                .dmesg = (dir_.path() / "dmesg").string()},
+                                    .reboot_result_wait = reboot_result_wait_}),
+                {.outbox_max_entries = outbox_max_entries_});
     int welcomes = gateway_->SessionNodes().size();
     EXPECT_TRUE(gateway_->WaitForWelcomes(welcomes + 1, kWait));
     EXPECT_TRUE(gateway_->WaitForReceived("n-1", 1, kWait));
   }
-  void Stop() {
-    if (!daemon_) return;
-    daemon_->Stop();
-    runner_.join();
-    daemon_.reset();
-  }
+  void Stop() { node_.Stop(); }
 
   // Issued when the test began: made again, a command is the same bytes (a redelivery), never
   // a different command under its id because a second went by.
@@ -131,17 +112,24 @@ class Commands : public ::testing::Test {
     EXPECT_EQ(updates[0].message(), message) << id;
   }
 
-  FakeRoot dir_, root_;
+  JoinedNode node_{{.extra_config =
+                        [](const std::filesystem::path& dir) {
+                          return "[node]\nreboot_command = [\"/bin/sh\", \"-c\", \"echo rebooted "
+                                 "$BCD_COMMAND_ID >> " +
+                                 (dir / "rebooted").string() + "\"]\n";
+                        },
+                    .log_level = LogLevel::kInfo}};
+  FakeRoot& dir_ = node_.dir;
+  FakeRoot root_;
   int64_t issued_at_ = std::time(nullptr);
-  DevPki pki_;
-  std::unique_ptr<DevGateway> gateway_;
-  std::ostringstream log_text_;
-  Logger log_{&log_text_, LogLevel::kInfo};
-  std::unique_ptr<Config> config_;
+  DevPki& pki_ = node_.pki;
+  std::unique_ptr<DevGateway>& gateway_ = node_.gateway;
+  std::ostringstream& log_text_ = node_.log_text;
+  Logger& log_ = node_.log;
+  std::unique_ptr<Config>& config_ = node_.config;
   std::size_t outbox_max_entries_ = 100000;
   std::chrono::milliseconds reboot_result_wait_ = seconds(30);
-  std::unique_ptr<Agent> daemon_;
-  std::thread runner_;
+  std::unique_ptr<Agent>& daemon_ = node_.agent;
 };
 
 TEST_F(Commands, InventoryRefreshRunsAndSendsTheInventory) {

@@ -18,6 +18,7 @@
 #include "testing/child_process.h"
 #include "testing/dev_control.h"
 #include "testing/dev_gateway.h"
+#include "testing/wait.h"
 #include "tests/unit/fake_root.h"
 
 namespace bcd {
@@ -31,11 +32,13 @@ Ran RunTool(const std::string& command) { return bcd::testing::RunShell(command)
 // Waits for `up` to serve DIR/dev.sock and for a first inventory.refresh through it to succeed.
 Ran FirstRun(const std::string& tool, const std::string& stack) {
   Ran ready{1, ""};
-  for (int i = 0; i < 200 && ready.status != 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    if (std::filesystem::exists(stack + "/dev.sock"))
-      ready = RunTool(tool + " run inventory.refresh --dir " + stack);
-  }
+  bcd::testing::WaitFor(
+      [&] {
+        if (std::filesystem::exists(stack + "/dev.sock"))
+          ready = RunTool(tool + " run inventory.refresh --dir " + stack);
+        return ready.status == 0;
+      },
+      std::chrono::seconds(20), std::chrono::milliseconds(100));
   return ready;
 }
 
@@ -134,13 +137,13 @@ TEST(DevStack, UpWithWebSocketRunsCommandsOverIt) {
   EXPECT_EQ(reboot.status, 0) << reboot.out;
   // up prints what the gateway saw on its next tick (every 200 ms).
   Ran printed{0, ""};
-  for (int i = 0; i < 100; ++i) {
-    printed = RunTool("cat " + out);
-    if (printed.out.find("gateway: Hello from dev-node-1 over websocket") != std::string::npos) {
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  bcd::testing::WaitFor(
+      [&] {
+        printed = RunTool("cat " + out);
+        return printed.out.find("gateway: Hello from dev-node-1 over websocket") !=
+               std::string::npos;
+      },
+      std::chrono::seconds(10), std::chrono::milliseconds(100));
   EXPECT_NE(printed.out.find("gateway: Hello from dev-node-1 over websocket"), std::string::npos)
       << printed.out;
   kill(up, SIGTERM);
@@ -165,8 +168,7 @@ TEST(DevStack, AChildOfTheStackInheritsNoneOfItsSockets) {
   pid_t child = bcd::testing::SpawnChild({"sleep", "30"});
   ASSERT_GT(child, 0);
   std::set<int> fds;
-  for (int i = 0; i < 100 && (fds = FdsOf(child)).empty(); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  bcd::testing::WaitFor([&] { return !(fds = FdsOf(child)).empty(); }, std::chrono::seconds(1));
   kill(child, SIGKILL);
   bcd::testing::WaitChild(child);
   EXPECT_EQ(fds, (std::set<int>{0, 1, 2}));

@@ -87,8 +87,7 @@ class Imds : public ::testing::Test {
          .user_data = [this](const v1::VpsInstance& i) -> absl::StatusOr<std::string> {
            ++fetches_;
            // Like a secret fetch waiting on the session, until the test lets it go.
-           for (int waited = 0; hold_user_data_ && waited < 1000; ++waited)
-             std::this_thread::sleep_for(std::chrono::milliseconds(10));
+           testing::WaitFor([this] { return !hold_user_data_; }, std::chrono::seconds(10));
            return "#cloud-config for " + i.instance_id() + " (" + i.allocation_id() + ")";
          },
          .token = [](const v1::VpsInstance& i,

@@ -20,6 +20,7 @@
 #include "pki/keys.h"
 #include "testing/child_process.h"
 #include "testing/dev_gateway.h"
+#include "testing/wait.h"
 #include "tests/unit/fake_root.h"
 
 namespace bcd {
@@ -343,13 +344,15 @@ TEST_F(Install, DownloadsOverHttpsWithCurlOrWget) {
            cert + " -key " + key + " > " + log + " 2>&1"});
   ASSERT_GT(server, 0);
   std::string port;
-  for (int i = 0; i < 100 && port.empty(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    std::string text = Read(log);
-    if (std::size_t at = text.find("ACCEPT 127.0.0.1:"); at != std::string::npos) {
-      port = text.substr(at + 17, text.find('\n', at) - at - 17);
-    }
-  }
+  bcd::testing::WaitFor(
+      [&] {
+        std::string text = Read(log);
+        if (std::size_t at = text.find("ACCEPT 127.0.0.1:"); at != std::string::npos) {
+          port = text.substr(at + 17, text.find('\n', at) - at - 17);
+        }
+        return !port.empty();
+      },
+      std::chrono::seconds(5), std::chrono::milliseconds(50));
   ASSERT_FALSE(port.empty()) << Read(log);
   std::vector<std::string> flags = Minimal();
   flags[flags.size() - 3] = "https://127.0.0.1:" + port + "/bcd";

@@ -16,6 +16,7 @@
 #include "pki/keys.h"
 #include "testing/child_process.h"
 #include "testing/dev_gateway.h"
+#include "testing/wait.h"
 #include "tests/unit/fake_root.h"
 
 namespace bcd {
@@ -197,10 +198,7 @@ class OpensslServer {
     pid_ = bcd::testing::SpawnChild(
         {"openssl", "s_server", version, "-quiet", "-accept", std::to_string(port_), "-key",
          (dir.path() / "s_server.key").string(), "-cert", (dir.path() / "s_server.pem").string()});
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (!Accepts(port_) && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    bcd::testing::WaitFor([&] { return Accepts(port_); }, std::chrono::seconds(10));
   }
   ~OpensslServer() {
     kill(pid_, SIGTERM);

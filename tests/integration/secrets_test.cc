@@ -16,6 +16,7 @@
 #include "testing/child_process.h"
 #include "testing/dev_gateway.h"
 #include "testing/wait.h"
+#include "tests/integration/joined_node.h"
 #include "tests/unit/fake_root.h"
 
 namespace bcd {
@@ -24,6 +25,7 @@ namespace {
 using bcd::testing::DevGateway;
 using bcd::testing::DevPki;
 using bcd::testing::FakeRoot;
+using bcd::testing::JoinedNode;
 namespace v1 = bettercompute::agent::v1;
 using std::chrono::seconds;
 
@@ -33,31 +35,17 @@ std::string Message(const absl::Status& status) { return std::string(ToStd(statu
 
 class Secrets : public ::testing::Test {
  protected:
-  Secrets() : pki_(*DevPki::Create(std::time(nullptr))) {
-    gateway_ = *DevGateway::Start(pki_, {});
-    Config config = *Config::Parse(gateway_->ConfigToml(dir_.path() / "state") +
-                                       "[imds]\nlisten = \"127.0.0.1:" +
-                                       std::to_string(bcd::testing::FreeLoopbackPort()) + "\"\n",
-                                   "test.toml");
-    JoinSpec spec{.evidence = gateway_->AddJoinToken("n-1"),
-                  .now = [] { return static_cast<int64_t>(std::time(nullptr)); },
-                  .sleep = [](seconds) {}};
-    EXPECT_TRUE(JoinFleet(config, spec).ok());
+  Secrets() {
     auto mode = std::make_unique<NodeMode>();
     node_mode_ = mode.get();
-    daemon_ = *Agent::Create(config, std::move(mode),
-                             {.now = [] { return static_cast<int64_t>(std::time(nullptr)); },
-                              .uniform01 = [] { return 0.01; },
-                              .log = &log_});
-    runner_ = std::thread([this] { (void)daemon_->Run(); });
+    node_.Start(std::move(mode));
     EXPECT_TRUE(gateway_->WaitForReceived("n-1", 1, kWait));
     gateway_->AddSecret("secret://db/password", "S3CR3T-db", {"wf-1", "step-1", ""});
     gateway_->AddSecret("vault://alloc/key", "S3CR3T-alloc", {"", "", "alloc-9"});
     gateway_->AddSecret("secret://k8s/token", "S3CR3T-k8s", {"host:k8s-join", "token_ref", ""});
   }
   ~Secrets() override {
-    daemon_->Stop();
-    runner_.join();
+    node_.Stop();
     EXPECT_EQ(log_text_.str().find("S3CR3T"), std::string::npos)
         << "a secret value reached the log:\n"
         << log_text_.str();
@@ -65,14 +53,17 @@ class Secrets : public ::testing::Test {
 
   SecretClient& client() { return daemon_->secrets(); }
 
-  FakeRoot dir_;
-  DevPki pki_;
-  std::unique_ptr<DevGateway> gateway_;
-  std::ostringstream log_text_;
-  Logger log_{&log_text_, LogLevel::kDebug};
-  std::unique_ptr<Agent> daemon_;
+  JoinedNode node_{{.extra_config = [](const std::filesystem::path&) {
+    return "[imds]\nlisten = \"127.0.0.1:" + std::to_string(bcd::testing::FreeLoopbackPort()) +
+           "\"\n";
+  }}};
+  FakeRoot& dir_ = node_.dir;
+  DevPki& pki_ = node_.pki;
+  std::unique_ptr<DevGateway>& gateway_ = node_.gateway;
+  std::ostringstream& log_text_ = node_.log_text;
+  Logger& log_ = node_.log;
+  std::unique_ptr<Agent>& daemon_ = node_.agent;
   NodeMode* node_mode_ = nullptr;  // the daemon's
-  std::thread runner_;
 };
 
 TEST_F(Secrets, ValuesComeForTheirBindings) {

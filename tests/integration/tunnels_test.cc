@@ -21,6 +21,8 @@
 #include "modes/node/node_mode.h"
 #include "testing/child_process.h"
 #include "testing/dev_gateway.h"
+#include "testing/wait.h"
+#include "tests/integration/joined_node.h"
 #include "tests/unit/fake_root.h"
 
 namespace bcd {
@@ -32,6 +34,8 @@ using bcd::testing::DevPki;
 using bcd::testing::DevTunnel;
 using bcd::testing::DevTunnelRequest;
 using bcd::testing::FakeRoot;
+using bcd::testing::JoinedNode;
+using bcd::testing::WaitFor;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
@@ -87,34 +91,25 @@ class EchoServer {
 
 class Tunnels : public ::testing::Test {
  protected:
-  Tunnels() : pki_(*DevPki::Create(Now())) {
-    gateway_ = *DevGateway::Start(pki_, {});
-    Config config = *Config::Parse(gateway_->ConfigToml(dir_.path() / "state"), "test.toml");
-    JoinSpec spec{.evidence = gateway_->AddJoinToken("n-1"), .now = Now, .sleep = [](seconds) {}};
-    EXPECT_TRUE(JoinFleet(config, spec).ok());
-    daemon_ = *Agent::Create(config, std::make_unique<NodeMode>(),
-                             {.now = Now, .uniform01 = [] { return 0.01; }, .log = &log_});
-    runner_ = std::thread([this] { (void)daemon_->Run(); });
+  Tunnels() {
+    node_.Start(std::make_unique<NodeMode>());
     EXPECT_TRUE(gateway_->WaitForWelcomes(1, kWait));
     // The access section: the keys tickets are checked against.
     EXPECT_TRUE(gateway_->Push("n-1", AccessSpec(pki_, *gateway_, "n-1")));
     EXPECT_TRUE(Applied());
   }
   ~Tunnels() override {
-    daemon_->Stop();
-    runner_.join();
-    daemon_.reset();
+    node_.Stop();
     gateway_.reset();
   }
 
   bool Applied() {
-    for (int i = 0; i < 200; ++i) {
+    return WaitFor([&] {
       for (const auto& f : gateway_->Received("n-1")) {
         if (f.has_spec_ack() && f.spec_ack().state() == v1::SPEC_ACK_STATE_APPLIED) return true;
       }
-      std::this_thread::sleep_for(milliseconds(20));
-    }
-    return false;
+      return false;
+    });
   }
 
   DevTunnel Exec(std::vector<std::string> cmd) {
@@ -137,10 +132,10 @@ class Tunnels : public ::testing::Test {
     std::size_t before = Refusals().size();
     DevTunnel tunnel = gateway_->OpenTunnel("n-1", request);
     std::vector<std::string> refusals;
-    for (int i = 0; i < 500 && refusals.size() <= before; ++i) {
+    WaitFor([&] {
       refusals = Refusals();
-      std::this_thread::sleep_for(milliseconds(20));
-    }
+      return refusals.size() > before;
+    });
     ASSERT_GT(refusals.size(), before) << reason;
     // The refusal comes before anything would open; nothing does.
     EXPECT_FALSE(tunnel.WaitOpened(kRefusalWait)) << reason;
@@ -148,13 +143,13 @@ class Tunnels : public ::testing::Test {
     EXPECT_EQ(log_.Text().find(tunnel.ticket()), std::string::npos) << "a ticket was logged";
   }
 
-  FakeRoot dir_;
-  DevPki pki_;
-  std::unique_ptr<DevGateway> gateway_;
-  std::ostringstream log_text_;
-  Logger log_{&log_text_, LogLevel::kInfo};
-  std::unique_ptr<Agent> daemon_;
-  std::thread runner_;
+  JoinedNode node_{{.log_level = LogLevel::kInfo, .now = Now}};
+  FakeRoot& dir_ = node_.dir;
+  DevPki& pki_ = node_.pki;
+  std::unique_ptr<DevGateway>& gateway_ = node_.gateway;
+  std::ostringstream& log_text_ = node_.log_text;
+  Logger& log_ = node_.log;
+  std::unique_ptr<Agent>& daemon_ = node_.agent;
 };
 
 TEST_F(Tunnels, HelloAdvertisesWhatThisBuildDoes) {
@@ -260,7 +255,7 @@ TEST_F(Tunnels, TcpReachesAnAllowedPortAndClosingEndsTheConnection) {
   ASSERT_TRUE(tunnel.Close());
   DevTunnel::Outcome outcome = tunnel.Collect(kWait);
   EXPECT_TRUE(outcome.closed);
-  for (int i = 0; i < 100 && echo.ended() == 0; ++i) std::this_thread::sleep_for(milliseconds(20));
+  WaitFor([&] { return echo.ended() != 0; }, seconds(2));
   EXPECT_EQ(echo.ended(), 1);
   EXPECT_TRUE(tunnel.WaitEnded(kWait));
 }
@@ -287,9 +282,7 @@ TEST_F(Tunnels, InstanceTcpReachesAnInstanceOfTheVpsSection) {
   v1::ServerFrame frame;
   *frame.mutable_desired_state() = pki_.SignSpec(node_spec);
   ASSERT_TRUE(gateway_->Push("n-1", frame));
-  for (int i = 0; i < 250 && daemon_->desired().applied_generation() < 2; ++i) {
-    std::this_thread::sleep_for(milliseconds(20));
-  }
+  WaitFor([&] { return daemon_->desired().applied_generation() >= 2; });
   DevTunnel tunnel =
       gateway_->OpenTunnel("n-1", {.op = "instance-tcp", .port = echo.port(), .instance = "vm-1"});
   ASSERT_TRUE(tunnel.WaitOpened(kWait));
@@ -330,9 +323,7 @@ TEST_F(Tunnels, TheSeventeenthIsRefusedAndClosingOneMakesRoom) {
   EXPECT_EQ(daemon_->tunnels_open(), 16);
   ExpectRefused({.op = "exec", .cmd = {"true"}}, "16 tunnels are open");
   open.front().Cancel();
-  for (int i = 0; i < 200 && daemon_->tunnels_open() > 15; ++i) {
-    std::this_thread::sleep_for(milliseconds(20));
-  }
+  WaitFor([&] { return daemon_->tunnels_open() <= 15; });
   DevTunnel next = Exec({"echo", "room"});
   ASSERT_TRUE(next.WaitOpened(kWait));
   EXPECT_EQ(next.Collect(kWait).out, "room\n");
@@ -347,11 +338,7 @@ bool Dead(pid_t pid) {
 }
 
 bool WaitDead(pid_t pid) {
-  for (int i = 0; i < 500; ++i) {
-    if (Dead(pid)) return true;
-    std::this_thread::sleep_for(milliseconds(20));
-  }
-  return false;
+  return WaitFor([&] { return Dead(pid); });
 }
 
 TEST_F(Tunnels, ClosingMidTransferKillsTheProcessGroup) {
@@ -365,9 +352,7 @@ TEST_F(Tunnels, ClosingMidTransferKillsTheProcessGroup) {
   tunnel.Cancel();
   // Gone, or a zombie waiting for whoever reaps orphans here (killed all the same).
   EXPECT_TRUE(WaitDead(child) && WaitDead(shell)) << "the tunnel's processes outlived it";
-  for (int i = 0; i < 250 && daemon_->tunnels_open() > 0; ++i) {
-    std::this_thread::sleep_for(milliseconds(20));
-  }
+  WaitFor([&] { return daemon_->tunnels_open() == 0; });
   EXPECT_EQ(daemon_->tunnels_open(), 0);
 }
 
@@ -436,19 +421,20 @@ v1::SectionState ApplyAccess(DevGateway& gateway, DevPki& pki, uint64_t generati
   v1::ServerFrame frame;
   *frame.mutable_desired_state() = pki.SignSpec(node_spec);
   EXPECT_TRUE(gateway.Push("n-1", frame));
-  for (int i = 0; i < 500; ++i) {
+  v1::SectionState state = v1::SECTION_STATE_UNSPECIFIED;
+  WaitFor([&] {
     for (const auto& f : gateway.Received("n-1")) {
-      if (f.has_spec_ack() && f.spec_ack().generation() == generation) {
-        for (const v1::SectionStatus& section : f.spec_ack().sections()) {
-          if (section.name() != "access") continue;
-          *message = section.message();
-          return section.state();
-        }
+      if (!f.has_spec_ack() || f.spec_ack().generation() != generation) continue;
+      for (const v1::SectionStatus& section : f.spec_ack().sections()) {
+        if (section.name() != "access") continue;
+        *message = section.message();
+        state = section.state();
+        return true;
       }
     }
-    std::this_thread::sleep_for(milliseconds(20));
-  }
-  return v1::SECTION_STATE_UNSPECIFIED;
+    return false;
+  });
+  return state;
 }
 
 TEST_F(Tunnels, TheAccessSectionDecidesWhichOpsAndHowManyTunnels) {
@@ -584,9 +570,7 @@ TEST_F(Tunnels, TunnelsEndWithTheirSession) {
   ASSERT_TRUE(tunnel.WaitOpened(kWait));
   EXPECT_EQ(daemon_->tunnels_open(), 1);
   gateway_->DropSessions();
-  for (int i = 0; i < 250 && daemon_->tunnels_open() > 0; ++i) {
-    std::this_thread::sleep_for(milliseconds(20));
-  }
+  WaitFor([&] { return daemon_->tunnels_open() == 0; });
   EXPECT_EQ(daemon_->tunnels_open(), 0);
 }
 
