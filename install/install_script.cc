@@ -155,7 +155,7 @@ namespace {
 
 using ReadFile = std::function<absl::StatusOr<std::string>(const std::string&)>;
 
-absl::Status Invalid(std::string message) { return absl::InvalidArgumentError(std::move(message)); }
+absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
 
 absl::Status SetGatewayUrl(InstallOptions& o, const std::string& value, const ReadFile&) {
   absl::StatusOr<Url> url = Url::Parse(value, {"https"});

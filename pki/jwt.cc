@@ -13,7 +13,7 @@ namespace {
 
 using nlohmann::json;
 
-absl::Status Refuse(std::string message) {
+absl::Status Refuse(const std::string& message) {
   return absl::UnauthenticatedError("tunnel ticket refused: " + message);
 }
 

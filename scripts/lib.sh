@@ -11,7 +11,7 @@ export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}  # gRPC-heavy translation units t
 
 # Debian 12 packages the build and the tests need.
 BCD_PACKAGES=(
-  cmake ninja-build ccache pkg-config g++ clang libclang-rt-dev clang-format
+  cmake ninja-build ccache pkg-config g++ clang libclang-rt-dev clang-format clang-tidy
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev libabsl-dev
   libssl-dev libboost-dev zlib1g-dev libtomlplusplus-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev openssl

@@ -31,7 +31,7 @@ SessionEngine::SessionEngine(transport::Transport* transport, pki::TrustState tr
 }
 
 absl::Status SessionEngine::Emit(v1::Severity severity, std::string kind, std::string message,
-                                 std::map<std::string, std::string> attributes) {
+                                 const std::map<std::string, std::string>& attributes) {
   v1::AgentFrame frame;
   v1::Event* event = frame.mutable_event();
   event->set_kind(std::move(kind));

@@ -74,7 +74,7 @@ class SessionEngine {
   // Records an event in the outbox and sends it now when connected. Thread-safe. An error means it
   // could not be persisted (the outbox is full or the disk failed).
   absl::Status Emit(bettercompute::agent::v1::Severity severity, std::string kind,
-                    std::string message, std::map<std::string, std::string> attributes = {});
+                    std::string message, const std::map<std::string, std::string>& attributes = {});
   // A command update, through the outbox like an event. Thread-safe. `then` runs once the update
   // is in the outbox (or was refused) and before any Ack can drop it again: the dispatcher records
   // the terminal result there, so a crash between the two leaves the update in the outbox for the
