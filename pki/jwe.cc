@@ -60,7 +60,7 @@ absl::StatusOr<std::string> KeyWrap(std::string_view kek, std::string_view in, b
     OpenSslError();
     return absl::InvalidArgumentError("key unwrap failed");
   }
-  out.resize(static_cast<std::size_t>(n + m));
+  out.resize(static_cast<std::size_t>(n) + static_cast<std::size_t>(m));
   return out;
 }
 
@@ -120,7 +120,7 @@ absl::StatusOr<std::string> Decrypt(const std::string& cek, const std::string& i
     OpenSslError();
     return Refuse("it does not authenticate (tampered)");
   }
-  plaintext.resize(static_cast<std::size_t>(n + m));
+  plaintext.resize(static_cast<std::size_t>(n) + static_cast<std::size_t>(m));
   return plaintext;
 }
 

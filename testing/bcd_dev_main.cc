@@ -133,7 +133,7 @@ int Ask(const std::vector<std::string>& args) {
     if (args[i] == "--dir") {
       dir = args[++i];
     } else if (args[i] == "--step" || args[i] == "--host") {
-      std::string value = args[++i];
+      const std::string& value = args[++i];
       std::size_t slash = value.find('/');
       if (slash == std::string::npos) return Usage();
       binding["workflow_id"] = (args[i - 1] == "--host" ? "host:" : "") + value.substr(0, slash);

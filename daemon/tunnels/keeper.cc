@@ -42,7 +42,8 @@ namespace {
     for (const char* dir : kPath) {
       std::size_t d = std::strlen(dir), p = args.program.size();
       if (d + 1 + p + 1 > sizeof path) continue;
-      std::memcpy(path, dir, d);
+      // The directory, then '/', then the program with its NUL: terminated by the last copy.
+      std::memcpy(path, dir, d);  // NOLINT(bugprone-not-null-terminated-result)
       path[d] = '/';
       std::memcpy(path + d + 1, args.program.c_str(), p + 1);
       execve(path, args.argv.data(), args.envp.data());
