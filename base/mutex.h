@@ -25,8 +25,6 @@ class ABSL_LOCKABLE Mutex {
  public:
   void lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_.lock(); }
   void unlock() ABSL_UNLOCK_FUNCTION() { mu_.unlock(); }
-  // Tells the analysis the caller holds this mutex (a callback the lock holder runs).
-  void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK() {}
 
  private:
   friend class UniqueLock;

@@ -181,9 +181,6 @@ absl::StatusOr<v1::RenewResponse> GrpcTransport::Renew(const v1::RenewRequest& r
   grpc::Status status = stub->Renew(&context, request, &response);
   if (status.ok()) return response;
   Refusal why = RefusalOf(status, context);
-  if (why.code == grpc::StatusCode::UNAVAILABLE && !spec->log->Last().empty()) {
-    why.message = spec->log->Last();
-  }
   if (refusal != nullptr) *refusal = why;
   return absl::UnavailableError("renew " + why.ToString());
 }

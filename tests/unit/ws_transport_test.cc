@@ -9,6 +9,7 @@
 #include "testing/dev_pki.h"
 #include "transport/proxy.h"
 #include "transport/refusal.h"
+#include "transport/websocket.h"
 #include "transport/ws_auth.h"
 
 namespace bcd::transport {
@@ -22,6 +23,17 @@ EnvLookup Env(std::map<std::string, std::string> values) {
     if (it == values.end()) return std::nullopt;
     return it->second;
   };
+}
+
+// The gateway serves Join over gRPC only: the WebSocket transport says so and dials nothing.
+TEST(WebSocketTransport, RefusesJoinAsGrpcOnly) {
+  WebSocketTransport websocket(WebSocketSpec{.host = "192.0.2.1", .port = 443}, nullptr);
+  Refusal refusal;
+  absl::StatusOr<bettercompute::agent::v1::JoinResponse> joined =
+      websocket.Join(bettercompute::agent::v1::JoinRequest(), &refusal);
+  EXPECT_EQ(joined.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(std::string(joined.status().message()).find("Join goes over gRPC"), std::string::npos)
+      << joined.status();
 }
 
 TEST(ProxyUrl, TakesHostPortAndPercentDecodedCredentials) {
