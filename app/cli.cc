@@ -28,6 +28,7 @@
 #include "fmt/ostream.h"
 #include "install/install_script.h"
 #include "modes/common/inventory.h"
+#include "nlohmann/json.hpp"
 #include "proto/absl_compat.h"
 #include "proto/version.h"
 #include "transport/proxy.h"
@@ -44,20 +45,19 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"join", "--token T | --token-file F|- [--role node|site] | --node-id N [--attestor A]",
-     "join the fleet: key, CSR, Join, store identity and trust bundle",
-     "the join and session work"},
+     "join the fleet: key, CSR, Join, store identity and trust bundle", ""},
     {"node", "", "run the node mode in the foreground until SIGTERM", ""},
     {"site", "", "run the site agent in the foreground until SIGTERM (its kinds come later)", ""},
     {"ramdisk", "",
      "run the ramdisk mode in the foreground until SIGTERM (its join and kinds come later)", ""},
-    {"status", "", "show this node's identity, trust and session state", ""},
+    {"status", "[--json]", "show this node's identity, trust and session state", ""},
     {"inventory", "", "print this machine's hardware claims as JSON", ""},
     {"install-script",
      "--gateway-url U --ca-pin P --token T [--role node|site] [--websocket-url W]\n"
      "    [--proxy-ca-file F] [--release-key K]... [--binary-url URL --binary-sha256 H]\n"
      "    [--gateway-server-name N]",
      "print the installer for a new machine", ""},
-    {"version", "", "print the version, protocol range and capabilities", ""},
+    {"version", "[--json]", "print the version, protocol range and capabilities", ""},
 };
 
 const Command* FindCommand(std::string_view name) {
@@ -122,9 +122,23 @@ std::optional<Config> LoadConfig(const Flags& flags, const CliEnv& env) {
 }
 
 // The capabilities each mode's Hello advertises with this config's transport.
-int Version(const Config& config, const CliEnv& env) {
-  fmt::print(env.out, "bcd {}\nprotocol {}\n", BCD_VERSION, proto::kProtocolVersion.ToString());
+int Version(const Config& config, bool json, const CliEnv& env) {
   bool websocket = config.websocket().has_value();
+  if (json) {
+    nlohmann::json doc = {
+        {"version", BCD_VERSION},
+        {"protocol",
+         {{"min", proto::kProtocolVersion.min()}, {"max", proto::kProtocolVersion.max()}}},
+        {"transport", websocket ? "websocket" : "grpc"},
+        {"capabilities", nlohmann::json::object()}};
+    for (proto::Mode mode : kModes) {
+      doc["capabilities"][std::string(proto::ModeName(mode))] =
+          AllCapabilities(*MakeMode(mode), websocket);
+    }
+    fmt::print(env.out, "{}\n", doc.dump());
+    return kExitOk;
+  }
+  fmt::print(env.out, "bcd {}\nprotocol {}\n", BCD_VERSION, proto::kProtocolVersion.ToString());
   for (proto::Mode mode : kModes) {
     std::vector<std::string> capabilities = AllCapabilities(*MakeMode(mode), websocket);
     fmt::print(env.out, "capabilities ({}): {}{}\n", proto::ModeName(mode),
@@ -285,7 +299,8 @@ int InstallScript(const Flags& flags, const CliEnv& env) {
 
 // Under systemd (Type=notify): READY once the first session is up, or after 30 s without one
 // (the daemon is running and redialing; a unit must not sit in "activating" for a gateway that is
-// down); WATCHDOG=1 while the session engine answers; STOPPING=1 on the way out. Does nothing
+// down); WATCHDOG=1 while the liveness check passes (Agent::Healthy, what /healthz serves);
+// STOPPING=1 on the way out. Does nothing
 // without a notify socket.
 class SystemdLoop {
  public:
@@ -321,8 +336,12 @@ class SystemdLoop {
                        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_; }))
         break;
       lock.unlock();
-      (void)agent_->Snapshot();  // blocks, and so stops the pings, if the engine is stuck
-      if (systemd_->watchdog_interval()) systemd_->Notify("WATCHDOG=1");
+      // The liveness check /healthz reads too: no ping while the engine does not answer.
+      if (absl::Status alive = agent_->Healthy(); !alive.ok()) {
+        systemd_->Notify("STATUS=" + std::string(ToStd(alive.message())).substr(0, 200));
+      } else if (systemd_->watchdog_interval()) {
+        systemd_->Notify("WATCHDOG=1");
+      }
       lock.lock();
     }
   }
@@ -357,6 +376,7 @@ int RunMode(const Flags& flags, const CliEnv& env, proto::Mode mode) {
   sigset_t previous;
   pthread_sigmask(SIG_BLOCK, &signals, &previous);
   Logger log(&env.err, config->log_level());
+  log.set_format(config->log_format());
   log.set_priority_prefix(&env.err == &std::cerr &&
                           IsJournalStream(STDERR_FILENO, transport::ProcessEnv));
   std::mt19937_64 rng(std::random_device{}());
@@ -390,8 +410,9 @@ int RunMode(const Flags& flags, const CliEnv& env, proto::Mode mode) {
   return kExitIdentityGone;
 }
 
-// From the running daemon's control socket, else from the state dir.
-int Status(const Flags& flags, const CliEnv& env) {
+// From the running daemon's control socket, else from the state dir; as JSON with --json.
+int Status(Flags flags, const CliEnv& env) {
+  bool json = std::erase(flags.rest, "--json") > 0;
   if (!flags.rest.empty()) {
     fmt::print(env.err, "bcd status: unknown option \"{}\"\n", flags.rest.front());
     return kExitUsage;
@@ -399,18 +420,31 @@ int Status(const Flags& flags, const CliEnv& env) {
   std::optional<Config> config = LoadConfig(flags, env);
   if (!config) return kExitUsage;
   std::filesystem::path socket = config->state_dir() / "bcd.sock";
+  nlohmann::json status;
   if (absl::StatusOr<std::string> live = QueryControl(socket); live.ok()) {
-    fmt::print(env.out, "{}", *live);
-    return kExitOk;
+    status = nlohmann::json::parse(*live, nullptr, /*allow_exceptions=*/false);
+    if (status.is_discarded()) {
+      // A daemon of a version that answered in text: shown as it is.
+      if (json) {
+        fmt::print(env.err, "bcd status: the daemon on {} does not answer in JSON\n",
+                   socket.string());
+        return kExitOther;
+      }
+      fmt::print(env.out, "{}", *live);
+      return kExitOk;
+    }
+  } else {
+    absl::StatusOr<nlohmann::json> stored =
+        StateDirStatus(config->state_dir(), static_cast<int64_t>(env.now()));
+    if (!stored.ok()) {
+      fmt::print(env.err, "bcd status: {}\n", ToStd(stored.status().message()));
+      return kExitOther;
+    }
+    status = *std::move(stored);
+    status["daemon"] = {{"running", false}, {"socket", socket.string()}};
+    status["session"] = nullptr;
   }
-  absl::StatusOr<std::string> identity =
-      StateDirStatusText(config->state_dir(), static_cast<int64_t>(env.now()));
-  if (!identity.ok()) {
-    fmt::print(env.err, "bcd status: {}\n", ToStd(identity.status().message()));
-    return kExitOther;
-  }
-  fmt::print(env.out, "{}session: not running (no daemon answers on {})\n", *identity,
-             socket.string());
+  fmt::print(env.out, "{}", json ? status.dump() + "\n" : StatusText(status));
   return kExitOk;
 }
 
@@ -420,6 +454,10 @@ int RunCli(const std::vector<std::string>& args, const CliEnv& env) {
   if (args.empty() || args[0] == "help" || args[0] == "--help" || args[0] == "-h") {
     PrintUsage(args.empty() ? env.err : env.out);
     return args.empty() ? kExitUsage : kExitOk;
+  }
+  if (args[0] == "--version") {  // what help2man and people expect; `bcd version` says more
+    fmt::print(env.out, "bcd {}\n", BCD_VERSION);
+    return kExitOk;
   }
   const Command* command = FindCommand(args[0]);
   if (command == nullptr) {
@@ -436,7 +474,7 @@ int RunCli(const std::vector<std::string>& args, const CliEnv& env) {
   }
   if (command->name == "join") return Join(*std::move(flags), env);
   if (command->name == "node") return RunMode(*flags, env, proto::Mode::kNode);
-  if (command->name == "status") return Status(*flags, env);
+  if (command->name == "status") return Status(*std::move(flags), env);
   if (command->name == "site") return RunMode(*flags, env, proto::Mode::kSite);
   if (command->name == "ramdisk") return RunMode(*flags, env, proto::Mode::kRamdisk);
   if (command->name == "install-script") return InstallScript(*flags, env);
@@ -445,13 +483,14 @@ int RunCli(const std::vector<std::string>& args, const CliEnv& env) {
                command->name, command->arrives);
     return kExitOther;
   }
+  bool json = command->name == "version" && std::erase(flags->rest, "--json") > 0;
   if (!flags->rest.empty()) {
     fmt::print(env.err, "bcd {}: unknown option \"{}\"\n", command->name, flags->rest.front());
     return kExitUsage;
   }
   std::optional<Config> config = LoadConfig(*flags, env);
   if (!config) return kExitUsage;
-  if (command->name == "version") return Version(*config, env);
+  if (command->name == "version") return Version(*config, json, env);
   return Inventory(env);
 }
 

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -11,6 +12,22 @@
 #include "fmt/format.h"
 
 namespace bcd {
+
+namespace {
+std::atomic<uint64_t> syncs{0};
+}  // namespace
+
+int SyncFile(int fd) {
+  syncs.fetch_add(1, std::memory_order_relaxed);
+  return fsync(fd);
+}
+
+int SyncFileData(int fd) {
+  syncs.fetch_add(1, std::memory_order_relaxed);
+  return fdatasync(fd);
+}
+
+uint64_t SyncCount() { return syncs.load(std::memory_order_relaxed); }
 
 absl::Status ErrnoStatus(std::string_view what, const std::filesystem::path& path) {
   int error = errno;
@@ -37,7 +54,7 @@ absl::Status AtomicWriteFile(const std::filesystem::path& path, std::string_view
     if (n < 0) return fail("cannot write");
     written += static_cast<std::size_t>(n);
   }
-  if (fsync(fd.get()) != 0) return fail("cannot sync");
+  if (SyncFile(fd.get()) != 0) return fail("cannot sync");
   if (!fd.Close()) {
     absl::Status status = ErrnoStatus("cannot close", temp);
     unlink(temp.c_str());
@@ -50,7 +67,7 @@ absl::Status AtomicWriteFile(const std::filesystem::path& path, std::string_view
   }
   Fd dir_fd(open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!dir_fd) return ErrnoStatus("cannot open the directory of", path);
-  if (fsync(dir_fd.get()) != 0) return ErrnoStatus("cannot sync the directory of", path);
+  if (SyncFile(dir_fd.get()) != 0) return ErrnoStatus("cannot sync the directory of", path);
   return absl::OkStatus();
 }
 

@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -23,5 +24,11 @@ absl::StatusOr<std::string> ReadWholeFile(const std::filesystem::path& path, std
 // An error for the failed call that set errno: NotFound for ENOENT, Internal otherwise; the
 // message is "<what> <path>: <strerror>".
 absl::Status ErrnoStatus(std::string_view what, const std::filesystem::path& path);
+
+// fsync(2) and fdatasync(2), counted: every sync bcd asks of the disk goes through these, and
+// SyncCount() is how many there were since the process started (the bcd_fsyncs_total metric).
+int SyncFile(int fd);
+int SyncFileData(int fd);
+uint64_t SyncCount();
 
 }  // namespace bcd

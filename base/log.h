@@ -1,8 +1,12 @@
 #pragma once
 
-// Structured log lines on a stream (stderr under systemd, where journald keeps them):
+// Structured log lines on a stream (stderr under systemd, where journald keeps them), in logfmt
 //   level=info event=session.welcome session_id=s-1 version=1
-// Values with spaces or quotes are quoted. Never pass a secret, key or token as a value.
+// (values with spaces, quotes or '=' are quoted) or, with log_format = "json", one JSON object a
+// line
+//   {"level":"info","event":"session.welcome","session_id":"s-1","version":"1"}
+// (every value a string; bytes that are not UTF-8 become U+FFFD). Never pass a secret, key or
+// token as a value. Every event name is listed, with what it means, in docs/operations.md.
 //
 // Warnings and errors are limited per event: at most kBurst lines of one event a minute; the rest
 // are counted, and the next line of that event after the minute says how many were left out
@@ -25,6 +29,7 @@
 namespace bcd {
 
 enum class LogLevel { kDebug, kInfo, kWarn, kError };
+enum class LogFormat { kLogfmt, kJson };
 std::string_view LogLevelName(LogLevel level);
 
 class Logger {
@@ -39,6 +44,7 @@ class Logger {
     clock_ = std::move(clock);
   }
   void set_level(LogLevel level) { level_ = level; }
+  void set_format(LogFormat format) { format_ = format; }
   // Under journald: each line starts with its syslog priority ("<6>" for info), which journald
   // strips and keeps as the entry's level (journalctl -p warning shows warnings and errors).
   void set_priority_prefix(bool on) { priority_prefix_ = on; }
@@ -75,6 +81,7 @@ class Logger {
       ABSL_GUARDED_BY(mu_);  // warn and error events
   std::atomic<LogLevel> level_;
   std::atomic<bool> priority_prefix_{false};
+  std::atomic<LogFormat> format_{LogFormat::kLogfmt};
 };
 
 }  // namespace bcd

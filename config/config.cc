@@ -89,10 +89,13 @@ class ConfigParser {
                if (auto p = AbsolutePath(n, k)) config.state_dir_ = *p;
              }},
             {"log_level", [&](const toml::node& n, const std::string& k) { Level(n, k, &config); }},
+            {"log_format",
+             [&](const toml::node& n, const std::string& k) { LogFormat(n, k, &config); }},
             {"websocket",
              [&](const toml::node& n, const std::string& k) { WebSocket(n, k, &config); }},
             {"update", [&](const toml::node& n, const std::string& k) { Update(n, k, &config); }},
             {"imds", [&](const toml::node& n, const std::string& k) { Imds(n, k, &config); }},
+            {"diag", [&](const toml::node& n, const std::string& k) { Diag(n, k, &config); }},
             {"tunnels", [&](const toml::node& n, const std::string& k) { Tunnels(n, k, &config); }},
             {"node", [&](const toml::node& n, const std::string& k) { Node(n, k, &config); }},
         });
@@ -291,30 +294,87 @@ class ConfigParser {
          });
   }
 
+  // "IP:PORT": an IPv4 address or a bracketed IPv6 one, and a port (0, any free one, when
+  // `any_port`: the port taken is logged).
+  std::optional<ListenAddress> Listen(const toml::node& n, const std::string& k,
+                                      bool any_port = false) {
+    std::optional<std::string> text = String(n, k);
+    if (!text) return std::nullopt;
+    auto host_port = SplitHostPort(*text);
+    std::optional<uint16_t> port = host_port ? ParsePort(host_port->second) : std::nullopt;
+    if (any_port && host_port && host_port->second == "0") port = 0;
+    bool bracketed = text->starts_with('[');
+    if (!host_port || !port || !(bracketed ? IsIpv6(host_port->first) : IsIpv4(host_port->first))) {
+      Error(n, k,
+            fmt::format("expected IP:PORT (an IPv4 address or a bracketed IPv6 "
+                        "address, and a port from 1 to 65535), got \"{}\"",
+                        *text));
+      return std::nullopt;
+    }
+    return ListenAddress{host_port->first, *port};
+  }
+
   void Imds(const toml::node& node, const std::string& key, Config* config) {
     const toml::table* table = Table(node, key);
     if (!table) return;
     Walk(*table, key,
          {
+             {"listen", [&](const toml::node& n,
+                            const std::string& k) { config->imds_listen_ = Listen(n, k); }},
+         });
+  }
+
+  // [diag]: listen is required; an address other than loopback needs allow_remote = true, since
+  // what /metrics and /readyz say is for this machine's operators.
+  void Diag(const toml::node& node, const std::string& key, Config* config) {
+    const toml::table* table = Table(node, key);
+    if (!table) return;
+    std::optional<ListenAddress> listen;
+    const toml::node* listen_node = nullptr;
+    bool allow_remote = false;
+    Walk(*table, key,
+         {
              {"listen",
               [&](const toml::node& n, const std::string& k) {
-                std::optional<std::string> text = String(n, k);
-                if (!text) return;
-                auto host_port = SplitHostPort(*text);
-                std::optional<uint16_t> port =
-                    host_port ? ParsePort(host_port->second) : std::nullopt;
-                bool bracketed = text->starts_with('[');
-                if (!host_port || !port ||
-                    !(bracketed ? IsIpv6(host_port->first) : IsIpv4(host_port->first))) {
-                  Error(n, k,
-                        fmt::format("expected IP:PORT (an IPv4 address or a bracketed IPv6 "
-                                    "address, and a port from 1 to 65535), got \"{}\"",
-                                    *text));
-                  return;
+                listen = Listen(n, k, /*any_port=*/true);
+                listen_node = &n;
+              }},
+             {"allow_remote",
+              [&](const toml::node& n, const std::string& k) {
+                if (const auto* value = n.as_boolean()) {
+                  allow_remote = value->get();
+                } else {
+                  Error(n, k, fmt::format("expected true or false, got {}", TypeName(n)));
                 }
-                config->imds_listen_ = ListenAddress{host_port->first, *port};
               }},
          });
+    if (!listen) {
+      if (!seen_.contains(key + ".listen")) {
+        Error(node, key + ".listen", "required key is missing: the [diag] section needs a listen");
+      }
+      return;
+    }
+    bool loopback = listen->host == "::1" || listen->host.starts_with("127.");
+    if (!loopback && !allow_remote) {
+      Error(*listen_node, key + ".listen",
+            fmt::format("{} is not a loopback address: set allow_remote = true to serve "
+                        "/metrics, /healthz and /readyz beyond this machine",
+                        listen->host));
+      return;
+    }
+    config->diag_listen_ = listen;
+  }
+
+  void LogFormat(const toml::node& n, const std::string& k, Config* config) {
+    std::optional<std::string> s = String(n, k);
+    if (!s) return;
+    if (*s == "logfmt") {
+      config->log_format_ = LogFormat::kLogfmt;
+    } else if (*s == "json") {
+      config->log_format_ = LogFormat::kJson;
+    } else {
+      Error(n, k, fmt::format("expected logfmt or json, got \"{}\"", *s));
+    }
   }
 
   void Tunnels(const toml::node& node, const std::string& key, Config* config) {

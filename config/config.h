@@ -42,9 +42,13 @@ class Config {
   const std::optional<Sha256Pin>& join_service_key_sha256() const { return join_service_pin_; }
   const std::filesystem::path& state_dir() const { return state_dir_; }
   LogLevel log_level() const { return log_level_; }
+  LogFormat log_format() const { return log_format_; }
   const std::optional<WebSocketConfig>& websocket() const { return websocket_; }
   const std::vector<ReleaseKey>& release_keys() const { return release_keys_; }
   const std::optional<ListenAddress>& imds_listen() const { return imds_listen_; }
+  // [diag] listen: where /metrics, /healthz and /readyz are served; unset (the default) serves
+  // none.
+  const std::optional<ListenAddress>& diag_listen() const { return diag_listen_; }
   // [node]: what node.reboot runs (after reporting), and the journal unit holding bcd's own log
   // (logs.collect).
   const std::vector<std::string>& reboot_command() const { return reboot_command_; }
@@ -71,9 +75,11 @@ class Config {
   std::optional<Sha256Pin> join_service_pin_;
   std::filesystem::path state_dir_{kDefaultStateDir};
   LogLevel log_level_ = LogLevel::kInfo;
+  LogFormat log_format_ = LogFormat::kLogfmt;
   std::optional<WebSocketConfig> websocket_;
   std::vector<ReleaseKey> release_keys_;
   std::optional<ListenAddress> imds_listen_;
+  std::optional<ListenAddress> diag_listen_;
   std::vector<std::string> reboot_command_{"systemctl", "reboot"};
   std::string log_unit_ = "bcd.service";
   uint32_t max_tunnels_ = kMaxTunnels;

@@ -1,19 +1,24 @@
 #include "daemon/agent.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_join.h"
 #include "base/files.h"
 #include "base/mutex.h"
 #include "daemon/control.h"
+#include "daemon/diag.h"
 #include "daemon/dispatch/desired.h"
 #include "daemon/dispatch/dispatcher.h"
 #include "daemon/identity/gateway.h"
 #include "daemon/identity/identity.h"
 #include "daemon/identity/renew.h"
+#include "daemon/liveness.h"
 #include "daemon/secrets/secrets.h"
 #include "daemon/tunnels/tunnels.h"
 #include "fmt/format.h"
+#include "nlohmann/json.hpp"
 #include "pki/jwt.h"
 #include "proto/absl_compat.h"
 
@@ -212,7 +217,8 @@ absl::Status Agent::StartSession(const AgentEnv& env, const Mode& mode, Joined& 
               log->Warn("trust.persist_failed", {{"error", std::string(ToStd(s.message()))}});
             }
           },
-      .welcome_timeout = env.welcome_timeout};
+      .welcome_timeout = env.welcome_timeout,
+      .metrics = &metrics_};
   absl::StatusOr<Outbox> outbox = Outbox::Open(dir.path(), {.max_entries = env.outbox_max_entries});
   if (!outbox.ok()) return outbox.status();
   outbox_ = std::make_unique<Outbox>(*std::move(outbox));
@@ -220,6 +226,7 @@ absl::Status Agent::StartSession(const AgentEnv& env, const Mode& mode, Joined& 
     MutexLock lock(key_mu_);
     node_key_ = joined.identity.key;
   }
+  certificate_not_after_ = joined.identity.chain.front().NotAfter();
   renewer_ = std::make_unique<Renewer>(
       RenewThrough(transport_.get()), dir, joined.trust.node_cas(), env.now, env.uniform01, env.log,
       [this](const Identity& renewed) {
@@ -227,11 +234,13 @@ absl::Status Agent::StartSession(const AgentEnv& env, const Mode& mode, Joined& 
           MutexLock lock(key_mu_);
           node_key_ = renewed.key;  // requests sign with the key of the current certificate
         }
+        certificate_not_after_ = renewed.chain.front().NotAfter();
         (void)engine_->Emit(bettercompute::agent::v1::SEVERITY_INFO, "identity.renewed",
                             "the node certificate was renewed",
                             {{"generation", std::to_string(renewed.node.generation.value_or(0))},
                              {"not_after", std::to_string(renewed.chain.front().NotAfter())}});
       });
+  renewer_->set_metrics(&metrics_);
   engine_ = std::make_unique<SessionEngine>(transport_.get(), std::move(joined.trust),
                                             joined.identity.join_service_key, std::move(options),
                                             outbox_.get(), env.log);
@@ -258,7 +267,8 @@ absl::Status Agent::StartDispatch(const AgentEnv& env, const Mode& mode, const J
                           [this](const std::string& kind, const std::string& message) {
                             (void)engine_->Emit(bettercompute::agent::v1::SEVERITY_ERROR, kind,
                                                 message);
-                          }},
+                          },
+                      .metrics = &metrics_},
       env.log);
   engine_->set_dispatcher(dispatcher_.get());
   secrets_ = std::make_unique<SecretClient>(
@@ -270,7 +280,8 @@ absl::Status Agent::StartDispatch(const AgentEnv& env, const Mode& mode, const J
                             MutexLock lock(key_mu_);
                             return *node_key_;
                           },
-                          .now = env.now},
+                          .now = env.now,
+                          .metrics = &metrics_},
       env.log);
   engine_->set_secrets(secrets_.get());
   return absl::OkStatus();
@@ -313,7 +324,8 @@ absl::Status Agent::StartTunnels(const Config& config, const AgentEnv& env, cons
                   const std::map<std::string, std::string>& attributes) {
              (void)engine_->Emit(bettercompute::agent::v1::SEVERITY_WARNING, kind, message,
                                  attributes);
-           }},
+           },
+       .metrics = &metrics_},
       env.log);
   if (!tunnels.ok()) return tunnels.status();
   tunnels_ = *std::move(tunnels);
@@ -331,7 +343,8 @@ absl::Status Agent::AttachMode(const Config& config, const AgentEnv& env, const 
                       .secrets = secrets_.get(),
                       .engine = engine_.get(),
                       .now = env.now,
-                      .log = env.log};
+                      .log = env.log,
+                      .metrics = &metrics_};
   if (absl::Status s = mode_->Attach(context); !s.ok()) return s;
   for (const std::string& section : UnreadConfigSections(config, *mode_)) {
     env.log->Warn("config.section_unused", {{"section", section},
@@ -370,29 +383,99 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const Config& config,
   agent->desired_->Reapply();
   agent->engine_->set_desired(agent->desired_.get());
   absl::StatusOr<std::unique_ptr<ControlServer>> control = ControlServer::Start(
-      agent->state_dir_ / "bcd.sock", [a = agent.get()] { return a->StatusText(); });
+      agent->state_dir_ / "bcd.sock", [a = agent.get()] { return a->StatusJson(); });
   if (!control.ok()) return control.status();
   agent->control_ = *std::move(control);
+  if (absl::Status s = agent->StartDiagnostics(config, env); !s.ok()) return s;
   return agent;
 }
 
+absl::Status Agent::StartDiagnostics(const Config& config, const AgentEnv& env) {
+  AddProcessMetrics(metrics_);
+  metrics_.Collect("bcd_fsyncs_total", "fsync and fdatasync calls made", MetricType::kCounter, {},
+                   [] {
+                     return std::vector<Sample>{{{}, static_cast<double>(SyncCount())}};
+                   });
+  metrics_
+      .Gauge("bcd_build_info", "1, labelled with the version and mode running", {"version", "mode"})
+      .Set({BCD_VERSION, proto::ModeName(mode_->id())}, 1);
+  metrics_.Collect("bcd_certificate_seconds_left",
+                   "Seconds until the node certificate expires (negative once it has)",
+                   MetricType::kGauge, {}, [this] {
+                     return std::vector<Sample>{
+                         {{}, static_cast<double>(certificate_not_after_.load() - now_())}};
+                   });
+  // The probe takes the lock of every part whose threads share one: a lock held forever stalls it.
+  liveness_ = std::make_unique<Liveness>(
+      [this] {
+        (void)engine_->Snapshot();
+        (void)dispatcher_->InHand();
+        (void)secrets_->unmatched();
+        if (tunnels_) (void)tunnels_->active();
+      },
+      env.liveness_period);
+  if (!config.diag_listen()) return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<DiagServer>> diag =
+      DiagServer::Start({.listen = *config.diag_listen(),
+                         .metrics = [this] { return metrics_.Text(); },
+                         .healthy = [this] { return Healthy(); },
+                         .ready = [this] { return Ready(); }},
+                        log_);
+  if (!diag.ok()) return diag.status();
+  diag_ = *std::move(diag);
+  return absl::OkStatus();
+}
+
 Agent::~Agent() {
+  diag_.reset();  // nothing asks the parts below for figures any more
+  liveness_.reset();
   dispatcher_.reset();  // its lanes report through the engine: stop them first
   if (mode_) mode_->Detach();
 }
 
-std::string Agent::StatusText() const {
-  absl::StatusOr<std::string> identity = StateDirStatusText(state_dir_, now_());
-  std::string text =
-      identity.ok() ? *identity : fmt::format("state: {}\n", ToStd(identity.status().message()));
+absl::Status Agent::Healthy() const { return liveness_->Check(); }
+
+uint16_t Agent::diag_port() const { return diag_ ? diag_->port() : 0; }
+
+absl::Status Agent::Ready() const {
   SessionSnapshot s = engine_->Snapshot();
-  text += fmt::format("session: {} over {}", s.state, transport_name_);
-  if (!s.session_id.empty()) {
-    text += fmt::format(" (session {}, protocol {}{})", s.session_id, s.protocol_version,
-                        s.upgrade_required ? ", upgrade required" : "");
+  if (s.state != "connected") {
+    return absl::UnavailableError(
+        fmt::format("no session: {}{}", s.state, s.last_error.empty() ? "" : ": " + s.last_error));
   }
-  text += fmt::format("\nlast error: {}\n", s.last_error.empty() ? "-" : s.last_error);
-  return text;
+  if (s.upgrade_required) {
+    return absl::UnavailableError(fmt::format(
+        "session {} is up, but the gateway requires an upgrade: only daemon.upgrade runs",
+        s.session_id));
+  }
+  return absl::OkStatus();
+}
+
+std::string Agent::StatusJson() const {
+  absl::StatusOr<nlohmann::json> status = StateDirStatus(state_dir_, now_());
+  nlohmann::json doc =
+      status.ok() ? *status
+                  : nlohmann::json{{"version", BCD_VERSION},
+                                   {"state_dir", state_dir_.string()},
+                                   {"node", {{"error", ToStd(status.status().message())}}}};
+  doc["daemon"] = {{"running", true},          {"mode", proto::ModeName(mode_->id())},
+                   {"pid", getpid()},          {"socket", (state_dir_ / "bcd.sock").string()},
+                   {"diag_port", diag_port()}, {"healthy", Healthy().ok()}};
+  SessionSnapshot s = engine_->Snapshot();
+  doc["session"] = {{"state", s.state},
+                    {"transport", transport_name_},
+                    {"session_id", s.session_id},
+                    {"protocol_version", s.protocol_version},
+                    {"upgrade_required", s.upgrade_required},
+                    {"last_error", s.last_error},
+                    {"welcomes", s.welcomes},
+                    {"outbox_pending", s.outbox_pending},
+                    {"last_acked_seq", s.last_acked_seq}};
+  return doc.dump() + "\n";
+}
+
+std::string Agent::StatusText() const {
+  return bcd::StatusText(nlohmann::json::parse(StatusJson()));
 }
 
 absl::Status Agent::Run() {

@@ -6,6 +6,7 @@
 // adds its handlers, sections and servers. It knows no mode. main() adds signals; tests drive it
 // directly.
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -14,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/metrics.h"
 #include "base/mutex.h"
 #include "config/config.h"
 #include "daemon/delivery/results.h"
@@ -38,6 +40,8 @@ struct AgentEnv {
   std::size_t outbox_max_entries = 100000;
   // https_proxy / no_proxy for the WebSocket transport (tests pass their own).
   transport::EnvLookup proxy_env = transport::ProcessEnv;
+  // How often the liveness check probes the engine's locks (Liveness).
+  std::chrono::milliseconds liveness_period = std::chrono::seconds(5);
 };
 
 class Agent {
@@ -67,9 +71,19 @@ class Agent {
     return *secrets_;
   }
   bool WaitForRenewals(int count, std::chrono::milliseconds timeout) const;
-  // The status as `bcd status` prints it: identity and certificate from the state dir, the session
-  // from the engine.
+  // The status `bcd status` shows (JSON, docs/operations.md names its fields): identity and
+  // certificate from the state dir, the session from the engine.
+  std::string StatusJson() const;
+  // The same for people (what `bcd status` prints).
   std::string StatusText() const;
+  // Whether the engine's threads answer (Liveness): what the systemd watchdog and /healthz read.
+  absl::Status Healthy() const;
+  // Whether a session is welcomed and may run commands; Unavailable saying why not.
+  absl::Status Ready() const;
+  // The registry every part counts in; the diagnostics listener serves it.
+  Metrics& metrics() { return metrics_; }
+  // The diagnostics listener's port, 0 when [diag] is not configured.
+  uint16_t diag_port() const;
   ~Agent();
 
  private:
@@ -84,8 +98,11 @@ class Agent {
   absl::Status StartTunnels(const Config& config, const AgentEnv& env, const Mode& mode,
                             const Joined& joined);
   absl::Status AttachMode(const Config& config, const AgentEnv& env, const Joined& joined);
+  // The process's and the agent's own figures, the liveness check and the diagnostics listener.
+  absl::Status StartDiagnostics(const Config& config, const AgentEnv& env);
 
   std::optional<StateDirLock> lock_;  // first: released after everything else is closed
+  Metrics metrics_;                   // outlives every part that counts in it
   std::unique_ptr<transport::Transport> transport_;
   std::unique_ptr<SessionEngine> engine_;
   std::unique_ptr<class Renewer> renewer_;
@@ -97,6 +114,9 @@ class Agent {
   std::unique_ptr<class SecretClient> secrets_;
   std::unique_ptr<class TunnelRunner> tunnels_;
   std::unique_ptr<Mode> mode_;  // detached before the parts above go away
+  std::unique_ptr<class Liveness> liveness_;
+  std::unique_ptr<class DiagServer> diag_;         // stopped first
+  std::atomic<int64_t> certificate_not_after_{0};  // of the current certificate
   Mutex key_mu_;
   std::optional<pki::PrivateKey> node_key_ ABSL_GUARDED_BY(key_mu_);  // replaced at each renewal
   std::filesystem::path state_dir_;

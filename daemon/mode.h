@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/metrics.h"
 #include "bettercompute/common/v1/common.pb.h"
 #include "config/config.h"
 #include "proto/kinds.h"
@@ -39,6 +40,7 @@ struct ModeContext {
   SessionEngine* engine = nullptr;  // sends frames and events, waits for the outbox
   UnixClock now;
   Logger* log = nullptr;
+  Metrics* metrics = nullptr;  // where the mode adds its figures (the metadata service's)
 };
 
 class Mode {

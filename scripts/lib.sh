@@ -21,6 +21,8 @@ BCD_PACKAGES=(
   systemd dpkg-dev  # systemd-analyze verify on the units; dpkg-shlibdeps and dpkg-deb for the package
   strace  # the durability tests watch bcd's system calls
   util-linux  # unshare: the tunnel-user test gives bcd its own /etc/passwd
+  prometheus jq  # promtool lints /metrics; jq reads bcd status --json
+  help2man lintian man-db  # the manual pages made from --help, the package's lint, man -l
 )
 # Commands the tests need, and the Debian package of each when the command is missing (Node.js may
 # come from elsewhere, with its own npm: a machine that has both keeps them).

@@ -436,13 +436,16 @@ int main(int argc, char** argv) {
     return std::fprintf(stderr, "bcd-dev: %s\n", std::string(gateway.status().message()).c_str()),
            1;
   std::string config = dir + "/config.toml";
+  int diag_port = bcd::testing::FreeLoopbackPort();
   std::ofstream(config) << (*gateway)->ConfigToml(dir + "/state") << "[node]\n"
-                        << "reboot_command = [\"/bin/true\"]  # the dev stack never reboots\n";
+                        << "reboot_command = [\"/bin/true\"]  # the dev stack never reboots\n"
+                        << "[diag]\nlisten = \"127.0.0.1:" << diag_port << "\"\n";
   std::printf(
       "dev gateway: %s (protocol %s), WebSocket wss://127.0.0.1:%d/v1/session, serving "
       "CA pin %s\n",
       (*gateway)->target().c_str(), protocol.c_str(), (*gateway)->websocket_port(),
       pki->ServingCaPinHex().c_str());
+  std::printf("diagnostics: http://127.0.0.1:%d/metrics, /healthz, /readyz\n", diag_port);
   std::printf("config: %s\n\n$ bcd join --token ... --config %s\n", config.c_str(), config.c_str());
   std::fflush(stdout);
   // The token goes in a file only this user reads, never on a command line others can see.

@@ -175,7 +175,7 @@ absl::Status RecordLog::Append(std::string_view record) {
     }
     written += static_cast<std::size_t>(n);
   }
-  if (fdatasync(fd_) != 0) return Errno("cannot sync", path_);
+  if (SyncFileData(fd_) != 0) return Errno("cannot sync", path_);
   bytes_ += framed.size();
   return absl::OkStatus();
 }

@@ -65,10 +65,28 @@ Dispatcher::Dispatcher(proto::Mode mode, std::string node_id, ResultStore* resul
       hooks_(std::move(hooks)),
       log_(log),
       results_(results) {
+  if (hooks_.metrics == nullptr) {
+    own_metrics_ = std::make_unique<Metrics>();
+    hooks_.metrics = own_metrics_.get();
+  }
+  commands_ = &hooks_.metrics->Counter("bcd_commands_total",
+                                       "Commands run to a terminal state, by kind and state",
+                                       {"kind", "state"});
+  refusals_ = &hooks_.metrics->Counter("bcd_command_refusals_total",
+                                       "Commands refused at admission, by code", {"code"});
+  hooks_.metrics->Collect(
+      "bcd_commands_in_hand", "Commands queued or running, by state", MetricType::kGauge, {"state"},
+      [this] {
+        double queued = 0, running = 0;
+        MutexLock lock(mu_);
+        for (const auto& [id, job] : active_) ++(job->running ? running : queued);
+        return std::vector<Sample>{{{"queued"}, queued}, {{"running"}, running}};
+      });
   watchdog_ = std::thread([this] { Watch(); });
 }
 
 Dispatcher::~Dispatcher() {
+  hooks_.metrics->Forget("bcd_commands_in_hand");
   std::vector<std::thread> threads;
   {
     MutexLock lock(mu_);
@@ -129,6 +147,7 @@ void Dispatcher::Reject(const std::string& id, v1::CommandCode code, const std::
   update.set_message(message);
   log_->Warn("command.rejected",
              {{"command_id", id}, {"code", v1::CommandCode_Name(code)}, {"message", message}});
+  refusals_->Add({EnumLabel(v1::CommandCode_Name(code), "COMMAND_CODE_")});
   if (!remember_with_body) return hooks_.update(update);
   Conclude(update, *remember_with_body);
 }
@@ -146,6 +165,11 @@ void Dispatcher::Conclude(const v1::CommandUpdate& update, const std::string& bo
   hooks_.update(update);
 }
 
+std::size_t Dispatcher::InHand() const {
+  MutexLock lock(mu_);
+  return active_.size();
+}
+
 void Dispatcher::ReportInterrupted() {
   std::map<std::string, std::string> interrupted;
   {
@@ -159,6 +183,7 @@ void Dispatcher::ReportInterrupted() {
     v1::CommandUpdate update = Update(id, v1::COMMAND_STATE_FAILED);
     update.set_code(v1::COMMAND_CODE_INTERRUPTED);
     update.set_message("bcd restarted while the command ran");
+    if (spec != nullptr) commands_->Add({kind, "failed"});
     Conclude(update, "");
   }
 }
@@ -474,6 +499,8 @@ void Dispatcher::Cancel(const std::string& command_id, const std::string& reason
 void Dispatcher::Finish(Job& job, v1::CommandUpdate update) {
   log_->Info("command.done", {{"command_id", job.command.command_id()},
                               {"state", v1::CommandState_Name(update.state())}});
+  commands_->Add(
+      {job.command.kind(), EnumLabel(v1::CommandState_Name(update.state()), "COMMAND_STATE_")});
   Conclude(update, job.body_sha256);
   MutexLock lock(mu_);
   active_.erase(job.command.command_id());

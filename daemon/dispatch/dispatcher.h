@@ -29,6 +29,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/metrics.h"
 #include "base/mutex.h"
 #include "bettercompute/agent/v1/commands.pb.h"
 #include "daemon/delivery/results.h"
@@ -128,6 +129,9 @@ struct DispatcherHooks {
   UnixClock now;
   // An event for the gateway (kind, message): results.full when the result store fills up.
   std::function<void(const std::string&, const std::string&)> event;
+  // Where commands are counted (by kind and terminal state, refusals by code, those in hand); a
+  // registry of the dispatcher's own when null. Outlives the dispatcher.
+  Metrics* metrics = nullptr;
 };
 
 // Tolerated difference between the control plane's clock and this node's, for issued_at.
@@ -163,6 +167,8 @@ class Dispatcher {
   void Submit(const bettercompute::agent::v1::SignedCommand& signed_command,
               const pki::TrustState& trust, bool upgrade_required, bool signed_only = false);
   void Cancel(const std::string& command_id, const std::string& reason);
+  // Commands queued or running.
+  std::size_t InHand() const;
 
  private:
   struct Job;
@@ -202,6 +208,9 @@ class Dispatcher {
       const std::string& id, bettercompute::agent::v1::CommandState state) const;
 
   proto::Mode mode_;
+  std::unique_ptr<Metrics> own_metrics_;  // when the hooks gave none
+  CounterFamily* commands_;               // by kind and terminal state
+  CounterFamily* refusals_;               // by code
   std::size_t keyed_workers_;
   std::string node_id_;
   DispatcherHooks hooks_;
@@ -209,7 +218,7 @@ class Dispatcher {
   std::map<std::string, std::unique_ptr<CommandHandler>> handlers_;
   pki::ChainVerifier chains_;  // the worker chains that verified
 
-  Mutex mu_;
+  mutable Mutex mu_;
   CondVar cv_;
   ResultStore* results_ ABSL_GUARDED_BY(mu_);
   std::map<proto::Lane, std::unique_ptr<Lane>> lanes_ ABSL_GUARDED_BY(mu_);

@@ -11,6 +11,7 @@
 
 #include "base/files.h"
 #include "fmt/format.h"
+#include "nlohmann/json.hpp"
 #include "pki/files.h"
 #include "pki/trust.h"
 #include "proto/absl_compat.h"
@@ -169,9 +170,9 @@ absl::Status StateDir::SaveTrust(const pki::TrustState& trust) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> StateDirStatusText(const std::filesystem::path& state_dir,
-                                               int64_t now) {
+absl::StatusOr<nlohmann::json> StateDirStatus(const std::filesystem::path& state_dir, int64_t now) {
   StateDir dir(state_dir);  // as it is: status creates and changes nothing
+  nlohmann::json status = {{"version", BCD_VERSION}, {"state_dir", state_dir.string()}};
   struct stat st {};
   if (stat(dir.IdentityPath().c_str(), &st) != 0) {
     if (errno == EACCES) {
@@ -180,7 +181,9 @@ absl::StatusOr<std::string> StateDirStatusText(const std::filesystem::path& stat
           "user bcd runs as)",
           state_dir.string()));
     }
-    return fmt::format("node: not joined (no identity in {})\n", state_dir.string());
+    status["node"] = {{"joined", false},
+                      {"error", fmt::format("not joined (no identity in {})", state_dir.string())}};
+    return status;
   }
   absl::StatusOr<Identity> identity = dir.LoadIdentity();
   if (!identity.ok()) {
@@ -190,25 +193,76 @@ absl::StatusOr<std::string> StateDirStatusText(const std::filesystem::path& stat
                                                      state_dir.string(),
                                                      ToStd(identity.status().message())));
     }
-    return fmt::format("node: {}\n", ToStd(identity.status().message()));
+    status["node"] = {{"joined", true}, {"error", ToStd(identity.status().message())}};
+    return status;
   }
+  status["node"] = {{"joined", true},
+                    {"id", identity->node.id.ToString()},
+                    {"generation", identity->node.generation.value_or(0)}};
   int64_t not_after = identity->chain.front().NotAfter();
   char when[32];
   time_t t = static_cast<time_t>(not_after);
   tm utc{};
   gmtime_r(&t, &utc);
   std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &utc);
-  std::string text =
-      fmt::format("node: {}\ngeneration: {}\ncertificate expires: {} ({})\n",
-                  identity->node.id.ToString(), identity->node.generation.value_or(0), when,
-                  not_after > now ? fmt::format("in {} s", not_after - now) : "EXPIRED");
+  status["certificate"] = {{"not_after", not_after},
+                           {"not_after_utc", when},
+                           {"seconds_left", std::max<int64_t>(0, not_after - now)},
+                           {"expired", not_after <= now}};
   absl::StatusOr<pki::TrustState> trust = TrustOf(*identity);
   if (trust.ok()) {
-    text += fmt::format("trust version: {}\napprover set: epoch {}, sha256 {}\n", trust->version(),
-                        trust->approvers().epoch(), pki::Hex(trust->approvers().Sha256()));
+    status["trust"] = {{"version", trust->version()},
+                       {"approver_set",
+                        {{"epoch", trust->approvers().epoch()},
+                         {"sha256", pki::Hex(trust->approvers().Sha256())}}}};
   } else {
-    text += fmt::format("trust: {}\n", ToStd(trust.status().message()));
+    status["trust"] = {{"error", ToStd(trust.status().message())}};
   }
+  return status;
+}
+
+std::string StatusText(const nlohmann::json& status) {
+  // Fields read as they are documented; a missing one prints as "?" rather than failing (the text
+  // is for people; scripts read --json).
+  auto get = [](const nlohmann::json& object, const char* key) -> std::string {
+    if (!object.is_object() || !object.contains(key)) return "?";
+    const nlohmann::json& value = object.at(key);
+    return value.is_string() ? value.get<std::string>() : value.dump();
+  };
+  const nlohmann::json& node = status.value("node", nlohmann::json::object());
+  std::string text;
+  if (node.contains("error")) {
+    text = fmt::format("node: {}\n", get(node, "error"));
+  } else {
+    text = fmt::format("node: {}\ngeneration: {}\n", get(node, "id"), get(node, "generation"));
+    const nlohmann::json& cert = status.value("certificate", nlohmann::json::object());
+    text += fmt::format("certificate expires: {} ({})\n", get(cert, "not_after_utc"),
+                        cert.value("expired", false)
+                            ? "EXPIRED"
+                            : fmt::format("in {} s", get(cert, "seconds_left")));
+    const nlohmann::json& trust = status.value("trust", nlohmann::json::object());
+    if (trust.contains("error")) {
+      text += fmt::format("trust: {}\n", get(trust, "error"));
+    } else {
+      const nlohmann::json& set = trust.value("approver_set", nlohmann::json::object());
+      text += fmt::format("trust version: {}\napprover set: epoch {}, sha256 {}\n",
+                          get(trust, "version"), get(set, "epoch"), get(set, "sha256"));
+    }
+  }
+  const nlohmann::json& daemon = status.value("daemon", nlohmann::json::object());
+  if (!daemon.value("running", false)) {
+    return text +
+           fmt::format("session: not running (no daemon answers on {})\n", get(daemon, "socket"));
+  }
+  const nlohmann::json& session = status.value("session", nlohmann::json::object());
+  text += fmt::format("session: {} over {}", get(session, "state"), get(session, "transport"));
+  if (!session.value("session_id", "").empty()) {
+    text += fmt::format(" (session {}, protocol {}{})", get(session, "session_id"),
+                        get(session, "protocol_version"),
+                        session.value("upgrade_required", false) ? ", upgrade required" : "");
+  }
+  std::string error = session.value("last_error", "");
+  text += fmt::format("\nlast error: {}\n", error.empty() ? "-" : error);
   return text;
 }
 

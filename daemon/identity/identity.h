@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "bettercompute/agent/v1/trust.pb.h"
+#include "nlohmann/json_fwd.hpp"
 #include "pki/keys.h"
 #include "pki/trust.h"
 #include "pki/x509.h"
@@ -75,14 +76,17 @@ class StateDir {
   std::filesystem::path ApproverSourcePath() const { return path_ / "trust-approvers.binpb"; }
 
  private:
-  friend absl::StatusOr<std::string> StateDirStatusText(const std::filesystem::path&, int64_t);
+  friend absl::StatusOr<nlohmann::json> StateDirStatus(const std::filesystem::path&, int64_t);
   explicit StateDir(std::filesystem::path path) : path_(std::move(path)) {}
   std::filesystem::path path_;
 };
 
-// What the state dir says of this node, as "key: value" lines (node, certificate expiry, trust
-// version, approver set); a line says so when a part is missing or corrupt. Reads only: nothing is
-// created or changed. PermissionDenied (naming the directory) when this user cannot read it.
-absl::StatusOr<std::string> StateDirStatusText(const std::filesystem::path& state_dir, int64_t now);
+// What the state dir says of this node: the "version", "state_dir", "node", "certificate" and
+// "trust" fields of `bcd status --json` (docs/operations.md); "node" holds an "error" when the
+// identity is missing or unreadable, "trust" one when the bundle is. Reads only: nothing is created
+// or changed. PermissionDenied (naming the directory) when this user cannot read it.
+absl::StatusOr<nlohmann::json> StateDirStatus(const std::filesystem::path& state_dir, int64_t now);
+// The status as `bcd status` prints it for people, "key: value" lines.
+std::string StatusText(const nlohmann::json& status);
 
 }  // namespace bcd

@@ -127,6 +127,7 @@ void Renewer::Loop() {
     absl::StatusOr<Identity> renewed =
         RenewOnce(call_, state_, *current, node_cas_, now_, &refusal);
     lock.lock();
+    if (counter_ != nullptr) counter_->Add({renewed.ok() ? "ok" : StatusLabel(renewed.status())});
     if (renewed.ok()) {
       ++renewals_;
       cv_.notify_all();

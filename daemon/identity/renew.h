@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/metrics.h"
 #include "base/mutex.h"
 #include "daemon/identity/identity.h"
 #include "pki/trust.h"
@@ -51,6 +52,12 @@ class Renewer {
           std::function<double()> uniform01, Logger* log,
           std::function<void(const Identity&)> on_renewed = nullptr);
   ~Renewer();
+  // Counts renewal attempts by result ("ok", or the error's code) in `metrics` from now on. Call
+  // before Start.
+  void set_metrics(Metrics* metrics) {
+    counter_ = &metrics->Counter("bcd_renewals_total", "Certificate renewal attempts, by result",
+                                 {"result"});
+  }
   void Start();
   void Stop();
   int renewals() const;
@@ -67,6 +74,7 @@ class Renewer {
   std::function<double()> uniform01_;
   Logger* log_;
   std::function<void(const Identity&)> on_renewed_;
+  CounterFamily* counter_ = nullptr;
   std::thread thread_;
   mutable Mutex mu_;
   mutable CondVar cv_;

@@ -46,7 +46,15 @@ std::string BrokerErrorOf(const absl::Status& status) {
 }
 
 SecretClient::SecretClient(SecretClientOptions options, Logger* log)
-    : options_(std::move(options)), log_(log) {}
+    : options_(std::move(options)), log_(log) {
+  if (options_.metrics == nullptr) {
+    own_metrics_ = std::make_unique<Metrics>();
+    options_.metrics = own_metrics_.get();
+  }
+  requests_ = &options_.metrics->Counter("bcd_secret_requests_total",
+                                         "Secret and workload-token requests, by type and outcome",
+                                         {"type", "outcome"});
+}
 
 std::string SecretClient::NewRequestId() {
   unsigned char random[8];
@@ -90,8 +98,8 @@ absl::StatusOr<std::pair<std::string, std::string>> SecretClient::Exchange(
   return std::make_pair(std::move(wait->jwe), std::move(wait->error));
 }
 
-absl::StatusOr<std::string> SecretClient::Resolve(const std::string& ref,
-                                                  const SecretBinding& binding) {
+absl::StatusOr<std::string> SecretClient::ResolveUncounted(const std::string& ref,
+                                                           const SecretBinding& binding) {
   std::string what = fmt::format("secret {}", ref);
   absl::StatusOr<pki::PrivateKey> node_key = options_.node_key();
   if (!node_key.ok()) return node_key.status();
@@ -130,6 +138,20 @@ absl::StatusOr<std::string> SecretClient::Resolve(const std::string& ref,
   return value;
 }
 
+absl::StatusOr<std::string> SecretClient::Resolve(const std::string& ref,
+                                                  const SecretBinding& binding) {
+  absl::StatusOr<std::string> value = ResolveUncounted(ref, binding);
+  requests_->Add({"secret", StatusLabel(value.status())});
+  return value;
+}
+
+absl::StatusOr<std::string> SecretClient::WorkloadToken(const std::string& instance_id,
+                                                        const std::string& audience) {
+  absl::StatusOr<std::string> token = WorkloadTokenUncounted(instance_id, audience);
+  requests_->Add({"workload_token", StatusLabel(token.status())});
+  return token;
+}
+
 absl::StatusOr<std::vector<std::string>> SecretClient::ResolveAll(
     const std::vector<std::string>& refs, const SecretBinding& binding) {
   std::vector<std::string> values;
@@ -146,8 +168,8 @@ absl::StatusOr<std::vector<std::string>> SecretClient::ResolveFor(
   return ResolveAll(refs, {command.workflow_id(), command.step_id(), command.allocation_id()});
 }
 
-absl::StatusOr<std::string> SecretClient::WorkloadToken(const std::string& instance_id,
-                                                        const std::string& audience) {
+absl::StatusOr<std::string> SecretClient::WorkloadTokenUncounted(const std::string& instance_id,
+                                                                 const std::string& audience) {
   std::string what = fmt::format("workload token for {}", instance_id);
   absl::StatusOr<pki::PrivateKey> node_key = options_.node_key();
   if (!node_key.ok()) return node_key.status();

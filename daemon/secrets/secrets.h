@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/metrics.h"
 #include "base/mutex.h"
 #include "bettercompute/agent/v1/session.pb.h"
 #include "pki/keys.h"
@@ -50,6 +51,9 @@ struct SecretClientOptions {
   std::function<absl::StatusOr<pki::PrivateKey>()> node_key;
   UnixClock now;
   std::chrono::milliseconds timeout = std::chrono::seconds(10);
+  // Where requests are counted by type (secret, workload_token) and outcome; a registry of the
+  // client's own when null. Outlives the client.
+  Metrics* metrics = nullptr;
 };
 
 class SecretClient {
@@ -86,9 +90,15 @@ class SecretClient {
       const std::string& request_id, const bettercompute::agent::v1::AgentFrame& frame,
       const std::string& what);
   std::string NewRequestId();
+  absl::StatusOr<std::string> ResolveUncounted(const std::string& ref,
+                                               const SecretBinding& binding);
+  absl::StatusOr<std::string> WorkloadTokenUncounted(const std::string& instance_id,
+                                                     const std::string& audience);
   void Deliver(const std::string& request_id, std::string jwe, std::string error);
 
   SecretClientOptions options_;
+  std::unique_ptr<Metrics> own_metrics_;  // when the options gave none
+  CounterFamily* requests_;               // by type and outcome
   Logger* log_;
   mutable Mutex mu_;
   CondVar cv_;

@@ -15,6 +15,82 @@ namespace bcd {
 
 namespace v1 = bettercompute::agent::v1;
 
+// The counters of every frame case, bound once: frames move them without a lookup by name.
+struct SessionEngine::Figures {
+  explicit Figures(Metrics& m)
+      : metrics(m),
+        dials(m.Counter("bcd_session_dials_total", "Sessions dialed").Bind({})),
+        welcomes(m.Counter("bcd_session_welcomes_total", "Sessions the gateway welcomed").Bind({})),
+        redials(m.Counter("bcd_session_redials_total",
+                          "Redials after a failed dial or an ended session, by reason",
+                          {"reason"})),
+        up(m.Gauge("bcd_session_up", "1 while a session is welcomed, else 0")),
+        upgrade(m.Gauge("bcd_session_upgrade_required",
+                        "1 while the gateway says this daemon must be upgraded")),
+        trust(m.Gauge("bcd_trust_bundle_version", "The version of the trust bundle enforced")),
+        approvers(m.Gauge("bcd_approver_set_epoch", "The epoch of the approver set enforced")) {
+    Bind(m.Counter("bcd_frames_received_total", "Frames from the gateway, by case", {"case"}),
+         *v1::ServerFrame::descriptor()->FindOneofByName("frame"), &received);
+    Bind(m.Counter("bcd_frames_sent_total", "Frames to the gateway, by case", {"case"}),
+         *v1::AgentFrame::descriptor()->FindOneofByName("frame"), &sent);
+    unknown = m.Counter("bcd_frames_received_total", "Frames from the gateway, by case", {"case"})
+                  .Bind({"unknown"});
+  }
+  static void Bind(CounterFamily& family, const google::protobuf::OneofDescriptor& oneof,
+                   std::map<int, Counter>* out) {
+    for (int i = 0; i < oneof.field_count(); ++i) {
+      (*out)[oneof.field(i)->number()] = family.Bind({oneof.field(i)->name()});
+    }
+  }
+  void Count(const std::map<int, Counter>& counters, int number) const {
+    auto it = counters.find(number);
+    (it == counters.end() ? unknown : it->second).Add();
+  }
+  // A reason as a label: the gateway's x-bc-reason token when it is one (letters, digits, '-',
+  // at most 40), else the status code.
+  static std::string Reason(const transport::Refusal& refusal) {
+    bool token = !refusal.reason.empty() && refusal.reason.size() <= 40 &&
+                 refusal.reason.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") ==
+                     std::string::npos;
+    if (token) return refusal.reason;
+    if (refusal.code == grpc::StatusCode::OK) return "ended";
+    return StatusLabel(absl::Status(static_cast<absl::StatusCode>(refusal.code), ""));
+  }
+
+  Metrics& metrics;
+  Counter dials, welcomes, unknown;
+  CounterFamily& redials;
+  GaugeFamily &up, &upgrade, &trust, &approvers;
+  std::map<int, Counter> received, sent;  // by frame field number; read-only once built
+};
+
+// The session stream, counting the frames that pass by case.
+class SessionEngine::CountedStream : public transport::FrameStream {
+ public:
+  CountedStream(transport::FrameStream& inner, const Figures& figures)
+      : inner_(inner), figures_(figures) {}
+  bool Read(v1::ServerFrame* frame) override {
+    if (!inner_.Read(frame)) return false;
+    figures_.Count(figures_.received, frame->frame_case());
+    return true;
+  }
+  bool Write(const v1::AgentFrame& frame) override {
+    if (!inner_.Write(frame)) return false;
+    figures_.Count(figures_.sent, frame.frame_case());
+    return true;
+  }
+  void CloseSend() override { inner_.CloseSend(); }
+  void Cancel() override { inner_.Cancel(); }
+  transport::Refusal Finish() override { return inner_.Finish(); }
+  absl::StatusOr<std::unique_ptr<transport::TunnelStream>> OpenTunnel() override {
+    return inner_.OpenTunnel();
+  }
+
+ private:
+  transport::FrameStream& inner_;
+  const Figures& figures_;
+};
+
 SessionEngine::SessionEngine(transport::Transport* transport, pki::TrustState trust,
                              pki::PublicKey join_service_key, SessionOptions options,
                              Outbox* outbox, Logger* log)
@@ -28,6 +104,38 @@ SessionEngine::SessionEngine(transport::Transport* transport, pki::TrustState tr
   snapshot_.trust_version = trust_.version();
   snapshot_.outbox_pending = outbox_->pending().size();
   snapshot_.last_acked_seq = outbox_->last_acked();
+  if (options_.metrics == nullptr) {
+    own_metrics_ = std::make_unique<Metrics>();
+    options_.metrics = own_metrics_.get();
+  }
+  figures_ = std::make_unique<Figures>(*options_.metrics);
+  figures_->trust.Set({}, static_cast<double>(trust_.version()));
+  figures_->approvers.Set({}, static_cast<double>(trust_.approvers().epoch()));
+  figures_->up.Set({}, 0);
+  options_.metrics->Collect(
+      "bcd_outbox_entries", "Command updates and events waiting for the gateway's Ack",
+      MetricType::kGauge, {}, [this] {
+        MutexLock lock(outbox_mu_);
+        return std::vector<Sample>{{{}, static_cast<double>(outbox_->pending().size())}};
+      });
+  options_.metrics->Collect(
+      "bcd_outbox_oldest_unacked_seconds",
+      "Age of the oldest entry the gateway has not acknowledged (0 when none)", MetricType::kGauge,
+      {}, [this] {
+        uint64_t oldest_ms = 0;
+        {
+          MutexLock lock(outbox_mu_);
+          if (!outbox_->pending().empty()) {
+            const v1::AgentFrame& front = outbox_->pending().front();
+            oldest_ms =
+                front.has_event() ? front.event().time_ms() : front.command_update().time_ms();
+          }
+        }
+        double age = oldest_ms == 0 ? 0
+                                    : std::max(0.0, static_cast<double>(options_.now()) -
+                                                        static_cast<double>(oldest_ms) / 1000);
+        return std::vector<Sample>{{{}, age}};
+      });
 }
 
 absl::Status SessionEngine::Emit(v1::Severity severity, std::string kind, std::string message,
@@ -86,7 +194,10 @@ absl::Status SessionEngine::Enqueue(v1::AgentFrame frame, const std::function<vo
   return absl::OkStatus();
 }
 
-SessionEngine::~SessionEngine() = default;
+SessionEngine::~SessionEngine() {
+  options_.metrics->Forget("bcd_outbox_entries");
+  options_.metrics->Forget("bcd_outbox_oldest_unacked_seconds");
+}
 
 void SessionEngine::SetState(std::string state, std::string error) {
   {
@@ -169,6 +280,8 @@ bool SessionEngine::ApplyTrust(const v1::SignedTrustBundle& bundle) {
     MutexLock lock(mu_);
     snapshot_.trust_version = trust_.version();
   }
+  figures_->trust.Set({}, static_cast<double>(trust_.version()));
+  figures_->approvers.Set({}, static_cast<double>(trust_.approvers().epoch()));
   log_->Info("trust.updated", {{"version", std::to_string(trust_.version())}});
   (void)Emit(v1::SEVERITY_INFO, "trust.updated", "a newer trust bundle was taken",
              {{"version", std::to_string(trust_.version())}});
@@ -285,6 +398,9 @@ void SessionEngine::Welcomed(transport::FrameStream& stream, const v1::Welcome& 
     ++snapshot_.welcomes;
   }
   cv_.notify_all();
+  figures_->welcomes.Add();
+  figures_->up.Set({}, 1);
+  figures_->upgrade.Set({}, welcome.upgrade_required() ? 1 : 0);
   log_->Info("session.welcome",
              {{"session_id", welcome.session_id()},
               {"version", std::to_string(welcome.protocol_version())},
@@ -330,6 +446,7 @@ void SessionEngine::Converse(transport::FrameStream& stream) {
     live_ = nullptr;
   }
   if (secrets_ != nullptr) secrets_->SessionDown();  // waits on this session fail now
+  figures_->up.Set({}, 0);
 }
 
 transport::Refusal SessionEngine::Serve(transport::FrameStream& stream, Backoff& backoff) {
@@ -393,19 +510,22 @@ absl::Status SessionEngine::Run() {
     }
     cv_.notify_all();
     std::chrono::milliseconds delay{0};
+    figures_->dials.Add();
     absl::StatusOr<std::unique_ptr<transport::FrameStream>> stream = transport_->OpenSession();
     if (!stream.ok()) {
+      figures_->redials.Add({"dial_failed"});
       SetState("backoff", std::string(ToStd(stream.status().message())));
       delay = backoff.Next();
       failed("session.dial_failed", {{"error", std::string(ToStd(stream.status().message()))},
                                      {"retry_ms", std::to_string(delay.count())}});
     } else {
+      CountedStream counted(**stream, *figures_);
       {
         MutexLock lock(mu_);
-        current_ = stream->get();
-        if (stopping_) (*stream)->CloseSend();
+        current_ = &counted;
+        if (stopping_) counted.CloseSend();
       }
-      transport::Refusal refusal = Serve(**stream, backoff);
+      transport::Refusal refusal = Serve(counted, backoff);
       {
         MutexLock lock(mu_);
         current_ = nullptr;
@@ -423,6 +543,7 @@ absl::Status SessionEngine::Run() {
                                              "; a person must act");
       }
       delay = refusal.pushback ? backoff.After(*refusal.pushback) : backoff.Next();
+      figures_->redials.Add({Figures::Reason(refusal)});
       failed("session.ended", {{"reason", refusal.reason},
                                {"error", error},
                                {"retry_ms", std::to_string(delay.count())}});

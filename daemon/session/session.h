@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "absl/status/status.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/metrics.h"
 #include "base/mutex.h"
 #include "bettercompute/agent/v1/session.pb.h"
 #include "daemon/delivery/outbox.h"
@@ -48,6 +50,9 @@ struct SessionOptions {
   std::function<void(const pki::TrustState&)> on_trust;
   // A session without Welcome this long after it opened is ended and redialed.
   std::chrono::milliseconds welcome_timeout = std::chrono::seconds(30);
+  // Where the session's figures go (frames by case, dials and redials by reason, the outbox,
+  // trust); a registry of its own when null. Outlives the engine.
+  Metrics* metrics = nullptr;
 };
 
 struct SessionSnapshot {
@@ -129,6 +134,9 @@ class SessionEngine {
   bettercompute::agent::v1::AgentFrame Hello() const;
   bettercompute::agent::v1::AgentFrame Status() const;
   void SetState(std::string state, std::string error = "");
+  // The session's figures (session.cc), and the stream decorator that counts frames.
+  struct Figures;
+  class CountedStream;
 
   absl::Status Enqueue(bettercompute::agent::v1::AgentFrame frame,
                        const std::function<void()>& then);
@@ -136,6 +144,8 @@ class SessionEngine {
   class DesiredState* desired_ = nullptr;
   class SecretClient* secrets_ = nullptr;
   class TunnelRunner* tunnels_ = nullptr;
+  std::unique_ptr<Metrics> own_metrics_;  // when the options gave none
+  std::unique_ptr<Figures> figures_;
   std::atomic<int64_t> status_interval_ms_{0};
   transport::Transport* transport_;
   pki::TrustState trust_;  // owned by the Run thread

@@ -41,6 +41,49 @@ absl::StatusOr<TunnelAccess> TunnelAccess::FromSection(const v1::AccessSection& 
   return access;
 }
 
+struct TunnelRunner::Figures {
+  explicit Figures(Metrics& m)
+      : opened(m.Counter("bcd_tunnels_opened_total", "Tunnels opened, by op", {"op"})),
+        refused(m.Counter("bcd_tunnel_refusals_total", "Tunnels refused").Bind({})),
+        bytes_in(m.Counter("bcd_tunnel_bytes_total",
+                           "Data bytes carried by tunnels: in from the gateway, out to it",
+                           {"direction"})
+                     .Bind({"in"})),
+        bytes_out(m.Counter("bcd_tunnel_bytes_total",
+                            "Data bytes carried by tunnels: in from the gateway, out to it",
+                            {"direction"})
+                      .Bind({"out"})) {}
+  CounterFamily& opened;
+  Counter refused, bytes_in, bytes_out;
+};
+
+// A tunnel's stream, counting the data bytes that pass.
+class TunnelRunner::CountedStream : public transport::TunnelStream {
+ public:
+  CountedStream(std::unique_ptr<transport::TunnelStream> inner, const Figures& figures)
+      : inner_(std::move(inner)), figures_(figures) {}
+  bool Read(v1::TunnelFrame* frame) override {
+    if (!inner_->Read(frame)) return false;
+    if (frame->has_data()) figures_.bytes_in.Add(static_cast<double>(frame->data().data().size()));
+    return true;
+  }
+  bool Write(const v1::TunnelFrame& frame) override {
+    if (!inner_->Write(frame)) return false;
+    if (frame.has_data()) figures_.bytes_out.Add(static_cast<double>(frame.data().data().size()));
+    return true;
+  }
+  void CloseSend() override { inner_->CloseSend(); }
+  void Cancel() override { inner_->Cancel(); }
+  transport::Refusal Finish() override { return inner_->Finish(); }
+
+ private:
+  std::unique_ptr<transport::TunnelStream> inner_;
+  const Figures& figures_;
+};
+
+TunnelRunner::TunnelRunner(TunnelRunnerOptions options, Logger* log, pki::JtiSet jti)
+    : options_(std::move(options)), log_(log), jti_(std::move(jti)) {}
+
 absl::StatusOr<std::unique_ptr<TunnelRunner>> TunnelRunner::Create(TunnelRunnerOptions options,
                                                                    Logger* log) {
   // A tunnel's process or peer may go away while bcd writes to it: that is an error to handle,
@@ -48,13 +91,27 @@ absl::StatusOr<std::unique_ptr<TunnelRunner>> TunnelRunner::Create(TunnelRunnerO
   signal(SIGPIPE, SIG_IGN);
   absl::StatusOr<pki::JtiSet> jti = pki::JtiSet::Load(options.state_dir / "tunnel-jti");
   if (!jti.ok()) return jti.status();
-  return std::unique_ptr<TunnelRunner>(new TunnelRunner(std::move(options), log, *std::move(jti)));
+  std::unique_ptr<TunnelRunner> runner(new TunnelRunner(std::move(options), log, *std::move(jti)));
+  if (runner->options_.metrics == nullptr) {
+    runner->own_metrics_ = std::make_unique<Metrics>();
+    runner->options_.metrics = runner->own_metrics_.get();
+  }
+  runner->figures_ = std::make_unique<Figures>(*runner->options_.metrics);
+  runner->options_.metrics->Collect(
+      "bcd_tunnels_open", "Tunnels open now", MetricType::kGauge, {}, [r = runner.get()] {
+        return std::vector<Sample>{{{}, static_cast<double>(r->active())}};
+      });
+  return runner;
 }
 
-TunnelRunner::~TunnelRunner() { CloseAll(); }
+TunnelRunner::~TunnelRunner() {
+  options_.metrics->Forget("bcd_tunnels_open");
+  CloseAll();
+}
 
 absl::Status TunnelRunner::Refuse(const std::string& tunnel_id, std::string why) {
   log_->Warn("tunnel.refused", {{"tunnel_id", tunnel_id}, {"reason", why}});
+  figures_->refused.Add();
   if (options_.event) {
     options_.event("tunnel.refused", "tunnel refused: " + why, {{"tunnel_id", tunnel_id}});
   }
@@ -163,8 +220,9 @@ absl::Status TunnelRunner::Open(const v1::OpenTunnel& open, transport::FrameStre
   if (!op.ok()) return op.status();
   absl::StatusOr<std::unique_ptr<transport::TunnelStream>> stream = session.OpenTunnel();
   if (!stream.ok()) return Refuse(id, std::string(ToStd(stream.status().message())));
-  tunnel->stream = *std::move(stream);
+  tunnel->stream = std::make_unique<CountedStream>(*std::move(stream), *figures_);
   log_->Info("tunnel.open", {{"tunnel_id", id}, {"op", tunnel->ticket->op()}});
+  figures_->opened.Add({tunnel->ticket->op()});
   MutexLock lock(mu_);
   tunnels_.push_back(tunnel);
   tunnel->thread =

@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/metrics.h"
 #include "base/mutex.h"
 #include "bettercompute/agent/v1/spec.pb.h"
 #include "config/config.h"
@@ -78,6 +79,9 @@ struct TunnelRunnerOptions {
   std::function<void(const std::string&, const std::string&,
                      const std::map<std::string, std::string>&)>
       event;
+  // Where tunnels are counted (open now, opened by op, refused, bytes each way); a registry of the
+  // runner's own when null. Outlives the runner.
+  Metrics* metrics = nullptr;
 };
 
 class TunnelRunner {
@@ -98,8 +102,9 @@ class TunnelRunner {
   int active() const;
 
  private:
-  TunnelRunner(TunnelRunnerOptions options, Logger* log, pki::JtiSet jti)
-      : options_(std::move(options)), log_(log), jti_(std::move(jti)) {}
+  TunnelRunner(TunnelRunnerOptions options, Logger* log, pki::JtiSet jti);
+  struct Figures;  // tunnels.cc
+  class CountedStream;
   absl::Status Refuse(const std::string& tunnel_id, std::string why);
   // Checks the ticket against the access section, the limit and the jti set (recording its jti);
   // the op to run, or the refusal.
@@ -111,6 +116,8 @@ class TunnelRunner {
   void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // joins tunnels that ended
 
   TunnelRunnerOptions options_;
+  std::unique_ptr<Metrics> own_metrics_;  // when the options gave none
+  std::unique_ptr<Figures> figures_;
   Logger* log_;
   mutable Mutex mu_;
   pki::JtiSet jti_ ABSL_GUARDED_BY(mu_);

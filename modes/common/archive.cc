@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "base/files.h"
 #include "fmt/format.h"
 
 namespace bcd {
@@ -132,7 +133,7 @@ absl::StatusOr<TarGzWriter::Summary> TarGzWriter::Finish() {
   static const char kEnd[1024] = {};
   if (absl::Status st = Write({kEnd, sizeof kEnd}, true); !st.ok()) return st;
   s.finished = true;
-  if (fsync(s.fd) != 0 || close(s.fd) != 0) {
+  if (SyncFile(s.fd) != 0 || close(s.fd) != 0) {
     s.fd = -1;
     return absl::InternalError(fmt::format("{}: {}", s.path.string(), std::strerror(errno)));
   }

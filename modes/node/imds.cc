@@ -200,6 +200,7 @@ void ImdsServer::Loop() {
                         : unknown_ < kUnknownSlots && mine < 1;
       if (!room) {
         if (mine == 0) slots_.erase(address);
+        Count("busy");
         close(fd);  // busy: the instance asks again
         continue;
       }
@@ -241,7 +242,10 @@ void ImdsServer::Serve(int fd, const std::string& peer, bool known) {
   std::string pending, answer;
   char buffer[4096];
   while (!parser.is_done() && answer.empty()) {
-    if (!wait(POLLIN, deadline)) return;  // too slow, or stopping: closed without an answer
+    if (!wait(POLLIN, deadline)) {  // too slow, or stopping: closed without an answer
+      Count("incomplete");
+      return;
+    }
     ssize_t n = read(fd, buffer, sizeof buffer);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
     if (n <= 0) return;
@@ -257,6 +261,7 @@ void ImdsServer::Serve(int fd, const std::string& peer, bool known) {
       answer = Respond(Parsed{parser.release()}, peer, &hop_limit_one);
     }
   }
+  Count(std::string_view(answer).substr(9, 3));  // "HTTP/1.1 200 OK": the status
   if (hop_limit_one) {
     // The answer goes no further than the next hop.
     int ttl = 1;

@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/metrics.h"
 #include "base/mutex.h"
 #include "bettercompute/agent/v1/spec.pb.h"
 
@@ -53,6 +54,9 @@ struct ImdsOptions {
   UnixClock now;
   // How long a request may take to arrive whole, and its answer to leave (tests shorten it).
   std::chrono::milliseconds request_deadline = std::chrono::seconds(5);
+  // Where requests are counted by answer (the HTTP status, "busy" when no slot was free,
+  // "incomplete" when no whole request came in time); none when null.
+  Metrics* metrics = nullptr;
 };
 
 class ImdsServer {
@@ -74,7 +78,12 @@ class ImdsServer {
   std::string AnswerBytes(std::string_view bytes, const std::string& peer);
 
  private:
-  ImdsServer(ImdsOptions options, Logger* log) : options_(std::move(options)), log_(log) {}
+  ImdsServer(ImdsOptions options, Logger* log) : options_(std::move(options)), log_(log) {
+    if (options_.metrics != nullptr) {
+      requests_ = &options_.metrics->Counter("bcd_imds_requests_total",
+                                             "Metadata-service requests, by answer", {"answer"});
+    }
+  }
   void Loop();
   struct Parsed;  // a parsed request (Beast stays in imds.cc)
   void Serve(int fd, const std::string& peer, bool known);
@@ -88,7 +97,11 @@ class ImdsServer {
     int64_t expires;
     uint64_t issued;  // order of issue
   };
+  void Count(std::string_view answer) const {
+    if (requests_ != nullptr) requests_->Add({answer});
+  }
   ImdsOptions options_;
+  CounterFamily* requests_ = nullptr;
   Logger* log_;
   int listen_fd_ = -1;
   int wake_fd_ = -1;  // eventfd: stop

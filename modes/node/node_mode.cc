@@ -70,7 +70,8 @@ absl::Status NodeMode::Attach(const ModeContext& context) {
            [secrets](const v1::VpsInstance& instance, const std::string& audience) {
              return secrets->WorkloadToken(instance.instance_id(), audience);
            },
-       .now = context.now},
+       .now = context.now,
+       .metrics = context.metrics},
       context.log);
   if (!imds.ok()) {
     // The node goes on without it; the gateway hears why.

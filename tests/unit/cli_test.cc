@@ -3,8 +3,10 @@
 #include <sstream>
 
 #include "bettercompute/common/v1/common.pb.h"
+#include "fmt/format.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/unit/fake_root.h"
 
 namespace bcd {
@@ -44,6 +46,44 @@ TEST(Cli, VersionPrintsVersionProtocolRangeAndCapabilities) {
                        "capabilities (ramdisk): tunnel.shell, tunnel.exec, tunnel.tcp, "
                        "secrets.jwe, spec.daemon, spec.access\n");
   EXPECT_EQ(r.err, "");
+}
+
+TEST(Cli, VersionJsonHasStableFields) {
+  Result r = RunBcd({"version", "--json"});
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+  nlohmann::json doc = nlohmann::json::parse(r.out);
+  EXPECT_EQ(doc["version"], BCD_VERSION);
+  EXPECT_EQ(doc["protocol"]["min"], 1);
+  EXPECT_EQ(doc["protocol"]["max"], 1);
+  EXPECT_EQ(doc["transport"], "grpc");
+  EXPECT_EQ(doc["capabilities"]["site"],
+            nlohmann::json::array({"tunnel.shell", "tunnel.exec", "tunnel.tcp", "secrets.jwe",
+                                   "spec.daemon", "spec.access"}));
+  EXPECT_TRUE(doc["capabilities"]["node"].is_array());
+  EXPECT_TRUE(doc["capabilities"]["ramdisk"].is_array());
+  EXPECT_EQ(RunBcd({"--version"}).out, std::string("bcd ") + BCD_VERSION + "\n");
+  EXPECT_EQ(RunBcd({"version", "--jsn"}).code, kExitUsage);
+}
+
+TEST(Cli, StatusJsonWithoutADaemonSaysWhatTheStateDirHolds) {
+  FakeRoot dir;
+  dir.Write("config.toml", "gateway_url = \"https://gw.example.net\"\ngateway_ca_spki_sha256 = \"" +
+                               std::string(64, 'a') + "\"\nstate_dir = \"" +
+                               (dir.path() / "state").string() + "\"\n");
+  std::string config = (dir.path() / "config.toml").string();
+  Result r = RunBcd({"status", "--json", "--config", config});
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+  nlohmann::json doc = nlohmann::json::parse(r.out);
+  EXPECT_EQ(doc["node"]["joined"], false);
+  EXPECT_EQ(doc["daemon"]["running"], false);
+  EXPECT_EQ(doc["daemon"]["socket"], (dir.path() / "state" / "bcd.sock").string());
+  EXPECT_TRUE(doc["session"].is_null());
+  EXPECT_EQ(doc["state_dir"], (dir.path() / "state").string());
+  Result text = RunBcd({"status", "--config", config});
+  EXPECT_EQ(text.out, fmt::format("node: not joined (no identity in {})\nsession: not running (no "
+                                  "daemon answers on {})\n",
+                                  (dir.path() / "state").string(),
+                                  (dir.path() / "state" / "bcd.sock").string()));
 }
 
 TEST(Cli, VersionSaysAWebSocketConfigAdvertisesNoTunnels) {

@@ -78,7 +78,41 @@ TEST(Config, MinimalConfigTakesDefaults) {
   EXPECT_FALSE(config->websocket());
   EXPECT_FALSE(config->join_service_key_sha256());
   EXPECT_FALSE(config->imds_listen());
+  EXPECT_FALSE(config->diag_listen()) << "diagnostics are off unless configured";
+  EXPECT_EQ(config->log_format(), LogFormat::kLogfmt);
   EXPECT_TRUE(config->release_keys().empty());
+}
+
+TEST(Config, DiagAndLogFormat) {
+  absl::StatusOr<Config> config = Config::Parse(
+      Valid() + "log_format = \"json\"\n[diag]\nlisten = \"127.0.0.1:9464\"\n", "c.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->log_format(), LogFormat::kJson);
+  EXPECT_EQ(config->diag_listen()->host, "127.0.0.1");
+  EXPECT_EQ(config->diag_listen()->port, 9464);
+  config = Config::Parse(Valid() + "[diag]\nlisten = \"[::1]:0\"\n", "c.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->diag_listen()->host, "::1");
+  EXPECT_EQ(config->diag_listen()->port, 0) << "any free port, logged when taken";
+  config = Config::Parse(Valid() + "[diag]\nlisten = \"10.0.0.5:9464\"\nallow_remote = true\n",
+                         "c.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->diag_listen()->host, "10.0.0.5");
+}
+
+TEST(ConfigErrors, DiagAndLogFormat) {
+  EXPECT_EQ(ErrorOf(Valid() + "[diag]\nlisten = \"0.0.0.0:9464\"\n"),
+            "c.toml:4: diag.listen: 0.0.0.0 is not a loopback address: set allow_remote = true "
+            "to serve /metrics, /healthz and /readyz beyond this machine");
+  EXPECT_EQ(ErrorOf(Valid() + "[diag]\nallow_remote = true\n"),
+            "c.toml:3: diag.listen: required key is missing: the [diag] section needs a listen");
+  EXPECT_EQ(ErrorOf(Valid() + "[diag]\nlisten = \"localhost:9464\"\n"),
+            "c.toml:4: diag.listen: expected IP:PORT (an IPv4 address or a bracketed IPv6 "
+            "address, and a port from 1 to 65535), got \"localhost:9464\"");
+  EXPECT_EQ(ErrorOf(Valid() + "[diag]\nlisten = \"127.0.0.1:1\"\nallow_remote = \"yes\"\n"),
+            "c.toml:5: diag.allow_remote: expected true or false, got string");
+  EXPECT_EQ(ErrorOf(Valid() + "log_format = \"text\"\n"),
+            "c.toml:3: log_format: expected logfmt or json, got \"text\"");
 }
 
 TEST(Config, EmbeddedDefaultHasNoGateway) {

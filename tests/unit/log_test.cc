@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace bcd {
 namespace {
@@ -32,6 +33,39 @@ TEST(Logger, WarningsOfOneEventAreLimitedPerMinuteAndTheRestCounted) {
             std::string::npos);
   log.Warn("command.rejected", {{"n", "after"}});
   EXPECT_NE(out.str().find("level=warn event=command.rejected n=after\n"), std::string::npos);
+}
+
+TEST(Logger, JsonLinesParseAndKeepEveryField) {
+  std::ostringstream out;
+  Logger log(&out, LogLevel::kInfo);
+  log.set_format(LogFormat::kJson);
+  log.Warn("command.rejected",
+           {{"message", "a \"quoted\" \\ line\nbreak\ttab\x01"}, {"bytes", "ok\xff\xc0\x80é€😀"}});
+  std::string line = out.str();
+  ASSERT_EQ(Count(line, "\n"), 1) << "one line per event";
+  nlohmann::json parsed = nlohmann::json::parse(line);  // throws on anything not JSON
+  EXPECT_EQ(parsed["level"], "warn");
+  EXPECT_EQ(parsed["event"], "command.rejected");
+  EXPECT_EQ(parsed["message"], "a \"quoted\" \\ line\nbreak\ttab\x01");
+  // Bytes that are not UTF-8 (a stray 0xff, an overlong NUL) become U+FFFD; the rest stays.
+  EXPECT_EQ(parsed["bytes"], "ok\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBDé€😀");
+}
+
+TEST(Logger, JsonKeepsThePriorityPrefixAndSaysWhatWasSuppressed) {
+  std::ostringstream out;
+  Logger log(&out, LogLevel::kInfo);
+  log.set_format(LogFormat::kJson);
+  log.set_priority_prefix(true);
+  auto now = std::chrono::steady_clock::time_point{};
+  log.set_clock([&] { return now; });
+  for (int i = 0; i < Logger::kBurst + 3; ++i) log.Error("outbox.full");
+  now += Logger::kWindow;
+  out.str("");
+  log.Error("outbox.full");
+  std::string line = out.str();
+  ASSERT_TRUE(line.starts_with("<3>{")) << line;
+  nlohmann::json parsed = nlohmann::json::parse(line.substr(3));
+  EXPECT_EQ(parsed["suppressed"], "3");
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "daemon/identity/identity.h"
 #include "fmt/format.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "proto/absl_compat.h"
 #include "tests/unit/fake_root.h"
 
@@ -84,14 +85,17 @@ TEST(StateDir, RefusesADirectoryOfAnotherUser) {
 TEST(StateDir, StatusReadsWithoutCreatingOrChangingAnything) {
   FakeRoot dir;
   std::filesystem::path missing = dir.path() / "missing";
-  EXPECT_EQ(*StateDirStatusText(missing, 0),
-            fmt::format("node: not joined (no identity in {})\n", missing.string()));
+  nlohmann::json status = *StateDirStatus(missing, 0);
+  EXPECT_EQ(status["node"]["joined"], false);
+  EXPECT_EQ(StatusText(status), fmt::format("node: not joined (no identity in {})\nsession: not "
+                                            "running (no daemon answers on ?)\n",
+                                            missing.string()));
   EXPECT_FALSE(std::filesystem::exists(missing));
   // `state_dir = "/"` by mistake: status must not make it 0700 (here a stand-in that is 0755).
   std::filesystem::path open = dir.path() / "open";
   ASSERT_EQ(mkdir(open.c_str(), 0755), 0);
   ASSERT_EQ(chmod(open.c_str(), 01755), 0);
-  EXPECT_TRUE(StateDirStatusText(open, 0).ok());
+  EXPECT_TRUE(StateDirStatus(open, 0).ok());
   EXPECT_EQ(ModeOf(open), 01755u);
 }
 
