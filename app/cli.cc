@@ -68,11 +68,19 @@ const Command* FindCommand(std::string_view name) {
 }
 
 void PrintUsage(std::ostream& out) {
-  fmt::print(out, "usage: bcd COMMAND [--config PATH] [options]\n\ncommands:\n");
+  fmt::print(out,
+             "Usage: bcd COMMAND [--config PATH] [options]\n\n"
+             "The node-side agent of the compute fleet's control plane: it dials out to the\n"
+             "gateway, holds one session and does only what signed intent asks.\n\n"
+             "Commands:\n");
   for (const Command& command : kCommands) {
     fmt::print(out, "  {:<15} {}\n", command.name, command.summary);
   }
-  fmt::print(out, "\nEvery command takes --config PATH (default /etc/bcd/config.toml).\n");
+  fmt::print(out,
+             "\nOptions:\n"
+             "  --config PATH   the config file (default /etc/bcd/config.toml), for every command\n"
+             "  --help          print this help, or a command's with bcd COMMAND --help\n"
+             "  --version       print the version\n");
 }
 
 struct Flags {

@@ -1,11 +1,31 @@
 #!/bin/sh
 # Builds the Debian package from a build tree with CPack and checks it with dpkg-deb: its name,
 # fields, contents and modes; the units and example it ships; a stripped binary that runs; the
-# maintainer scripts (run against a DPKG_ROOT, with systemctl recording what it is asked).
+# manual pages (man -l); the changelog's version; lintian, which must have no error or warning; the
+# maintainer scripts (run against a DPKG_ROOT, with systemctl, deb-systemd-helper and
+# deb-systemd-invoke recording what they are asked).
 #   check-deb.sh BUILD_DIR VERSION
 # As root, it also installs, reinstalls, removes and purges the package with the real dpkg, in a
 # private mount namespace whose /etc, /usr, /var and /run are overlays (nothing reaches the system).
 set -eu
+
+# What the maintainer scripts ask of systemd, step by step, as the recording tools write it.
+fresh="deb-systemd-helper unmask bcd-node.service
+deb-systemd-helper update-state bcd-node.service
+deb-systemd-helper unmask bcd-site.service
+deb-systemd-helper update-state bcd-site.service
+systemctl --system daemon-reload"
+upgrade="$fresh
+deb-systemd-invoke try-restart bcd-node.service bcd-site.service"
+removal="deb-systemd-invoke stop bcd-node.service bcd-site.service
+systemctl --system daemon-reload
+deb-systemd-helper mask bcd-node.service
+deb-systemd-helper mask bcd-site.service"
+purge="systemctl --system daemon-reload
+deb-systemd-helper purge bcd-node.service
+deb-systemd-helper unmask bcd-node.service
+deb-systemd-helper purge bcd-site.service
+deb-systemd-helper unmask bcd-site.service"
 
 # Inside that namespace (check-deb.sh --inside TMP DEB): every step's effect, or exit 1 saying what.
 if [ "${1:-}" = --inside ]; then
@@ -29,22 +49,21 @@ if [ "${1:-}" = --inside ]; then
     exit 1
   }
   dpkg -i "$deb" >"$tmp/dpkg.log" 2>&1 || no "dpkg -i failed: $(cat "$tmp/dpkg.log")"
-  [ "$(calls)" = daemon-reload ] || no "a fresh install did more than daemon-reload"
+  [ "$(calls)" = "$fresh" ] || no "a fresh install did more than record the units and reload"
   [ "$(stat -c %a /var/lib/bcd)" = 700 ] || no "/var/lib/bcd is $(stat -c %a /var/lib/bcd)"
   [ "$(stat -c %a /etc/bcd)" = 700 ] || no "/etc/bcd is $(stat -c %a /etc/bcd)"
   [ ! -e /etc/bcd/config.toml ] || no "the install wrote a config"
   /usr/bin/bcd version >/dev/null || no "the installed /usr/bin/bcd does not run"
   [ -f /usr/lib/systemd/system/bcd-node.service ] || no "no bcd-node.service"
   dpkg -i "$deb" >"$tmp/dpkg.log" 2>&1 || no "dpkg -i again failed: $(cat "$tmp/dpkg.log")"
-  [ "$(calls)" = "daemon-reload
-try-restart bcd-node.service bcd-site.service" ] || no "an upgrade did not just reload and try-restart"
+  [ "$(calls)" = "$upgrade" ] || no "an upgrade did not just reload and try-restart"
   echo identity >/var/lib/bcd/identity.pem
   dpkg -r bcd >"$tmp/dpkg.log" 2>&1 || no "dpkg -r failed: $(cat "$tmp/dpkg.log")"
-  [ "$(calls)" = "stop bcd-node.service bcd-site.service
-daemon-reload" ] || no "a removal did not stop the units and reload"
+  [ "$(calls)" = "$removal" ] || no "a removal did not stop, reload and mask the units"
   [ ! -e /usr/bin/bcd ] || no "dpkg -r left /usr/bin/bcd"
   [ -f /var/lib/bcd/identity.pem ] || no "dpkg -r removed the identity (only a purge may)"
   dpkg -P bcd >"$tmp/dpkg.log" 2>&1 || no "dpkg -P failed: $(cat "$tmp/dpkg.log")"
+  [ "$(calls)" = "$purge" ] || no "a purge did not reload and forget the units"
   if [ -e /var/lib/bcd ] || [ -e /etc/bcd ]; then no "dpkg -P left /var/lib/bcd or /etc/bcd"; fi
   exit 0
 fi
@@ -88,6 +107,12 @@ done <<'LIST'
 -rw-r--r-- /usr/share/doc/bcd/examples/config.toml
 -rw-r--r-- /usr/share/doc/bcd/ramdisk/bcd-ramdisk.service
 -rw-r--r-- /usr/share/doc/bcd/ramdisk/README.md
+-rw-r--r-- /usr/share/doc/bcd/changelog.gz
+-rw-r--r-- /usr/share/doc/bcd/copyright
+-rw-r--r-- /usr/share/doc/bcd/operations.md.gz
+-rw-r--r-- /usr/share/man/man8/bcd.8.gz
+-rw-r--r-- /usr/share/bash-completion/completions/bcd
+-rw-r--r-- /usr/share/lintian/overrides/bcd
 drwx------ /var/lib/bcd/
 LIST
 if grep -E '\./etc/' "$tmp/contents" >/dev/null; then
@@ -105,37 +130,68 @@ if readelf -S "$tmp/x/usr/bin/bcd" | grep -q '\.debug_info'; then fail "the bina
 "$tmp/x/usr/bin/bcd" version --config "$tmp/x/usr/share/doc/bcd/examples/config.toml" >/dev/null ||
   fail "the example config does not parse"
 echo "binary: $(du -k "$tmp/x/usr/bin/bcd" | cut -f1) KiB stripped"
+# The changelog's newest entry is this version: a version bump must say what changed.
+top=$(zcat "$tmp/x/usr/share/doc/bcd/changelog.gz" | head -1)
+[ "$top" = "bcd ($version) unstable; urgency=medium" ] || fail "the changelog starts \"$top\", not $version"
+# The manual pages render without a warning from man, and say what they must.
+for page in "$tmp/x/usr/share/man/man8/bcd.8.gz" "$build/packaging/bcd-dev.1"; do
+  [ -f "$page" ] || fail "no manual page $page"
+  warnings=$(LC_ALL=C.UTF-8 MANWIDTH=80 man --warnings -l "$page" 2>&1 >/dev/null)
+  [ -z "$warnings" ] || fail "man warns about $(basename "$page"): $warnings"
+  text=$(LC_ALL=C.UTF-8 MANWIDTH=80 man -l "$page" 2>/dev/null)
+  for section in NAME SYNOPSIS DESCRIPTION "EXIT STATUS" FILES "SEE ALSO"; do
+    echo "$text" | grep -q "^$section" || fail "$(basename "$page") has no $section section"
+  done
+done
+LC_ALL=C.UTF-8 man -l "$tmp/x/usr/share/man/man8/bcd.8.gz" 2>/dev/null | grep -q "install-script" ||
+  fail "bcd(8) does not list the commands of bcd --help"
+# lintian: no error and no warning (its informational tags are shown, not failed on).
+lintian --allow-root --display-info "$deb" >"$tmp/lintian.log" 2>&1 || true
+if grep -E '^[EW]: ' "$tmp/lintian.log" >/dev/null; then fail "lintian: $(cat "$tmp/lintian.log")"; fi
+grep -E '^[IP]: ' "$tmp/lintian.log" || true
+echo "lintian: no error or warning"
 
-# The maintainer scripts, with a systemctl that records its calls first in PATH.
+# The maintainer scripts, with a systemctl, deb-systemd-helper and deb-systemd-invoke that record
+# their calls first in PATH.
 dpkg-deb --control "$deb" "$tmp/control"
 for script in postinst prerm postrm; do
   [ -x "$tmp/control/$script" ] || fail "no executable $script"
   cmp "$src/deb/$script" "$tmp/control/$script" || fail "$script differs from packaging/deb/"
 done
 mkdir -p "$tmp/bin" "$tmp/root"
-printf '#!/bin/sh\necho "$*" >>%s/systemctl.calls\n' "$tmp" >"$tmp/bin/systemctl"
-chmod 0755 "$tmp/bin/systemctl"
+for tool in systemctl deb-systemd-helper deb-systemd-invoke; do
+  printf '#!/bin/sh\necho "%s $*" >>%s/systemctl.calls\n' "$tool" "$tmp" >"$tmp/bin/$tool"
+  chmod 0755 "$tmp/bin/$tool"
+done
+calls() {
+  cat "$tmp/systemctl.calls" 2>/dev/null || true
+  rm -f "$tmp/systemctl.calls"
+}
 PATH=$tmp/bin:$PATH DPKG_ROOT=$tmp/root sh "$tmp/control/postinst" configure
 for dir in var/lib/bcd etc/bcd; do
   [ "$(stat -c %a "$tmp/root/$dir")" = 700 ] || fail "postinst left /$dir $(stat -c %a "$tmp/root/$dir")"
 done
-[ ! -e "$tmp/systemctl.calls" ] || fail "postinst ran systemctl: $(cat "$tmp/systemctl.calls")"
+[ -z "$(calls)" ] || fail "postinst in a DPKG_ROOT asked systemd for something"
 [ ! -e "$tmp/root/etc/bcd/config.toml" ] || fail "postinst wrote a config"
-# As on a machine running systemd: a fresh install only reloads, an upgrade restarts what runs;
-# neither enables nor starts a unit.
+# As on a machine running systemd: a fresh install only records the units and reloads, an upgrade
+# restarts what runs; neither enables nor starts a unit; removal and purge undo it.
 mkdir -p "$tmp/run-systemd"
-sed "s|\[ -z \"\$root\" \] && \[ -d /run/systemd/system \]|[ -d $tmp/run-systemd ]|" \
-  "$tmp/control/postinst" >"$tmp/postinst.systemd"
-grep -q "run-systemd" "$tmp/postinst.systemd" || fail "postinst no longer tests for systemd as expected"
+for script in postinst prerm postrm; do
+  sed -e "s|\[ -z \"\$root\" \] && \[ -d /run/systemd/system \]|[ -d $tmp/run-systemd ]|" \
+    -e "s|\[ -z \"\${DPKG_ROOT:-}\" \] && \[ -d /run/systemd/system \]|[ -d $tmp/run-systemd ]|" \
+    -e "s|\[ -z \"\$root\" \] && command -v|command -v|" \
+    "$tmp/control/$script" >"$tmp/$script.systemd"
+  grep -q "run-systemd" "$tmp/$script.systemd" || fail "$script no longer tests for systemd as expected"
+done
 PATH=$tmp/bin:$PATH DPKG_ROOT=$tmp/root sh "$tmp/postinst.systemd" configure
-[ "$(cat "$tmp/systemctl.calls")" = daemon-reload ] ||
-  fail "a fresh install ran: $(cat "$tmp/systemctl.calls")"
-rm "$tmp/systemctl.calls"
+[ "$(calls)" = "$fresh" ] || fail "a fresh install ran something else"
 PATH=$tmp/bin:$PATH DPKG_ROOT=$tmp/root sh "$tmp/postinst.systemd" configure 0.0.9
-[ "$(cat "$tmp/systemctl.calls")" = "daemon-reload
-try-restart bcd-node.service bcd-site.service" ] || fail "an upgrade ran: $(cat "$tmp/systemctl.calls")"
-rm "$tmp/systemctl.calls"
-PATH=$tmp/bin:$PATH DPKG_ROOT=$tmp/root sh "$tmp/control/postrm" purge
+[ "$(calls)" = "$upgrade" ] || fail "an upgrade ran something else"
+PATH=$tmp/bin:$PATH DPKG_ROOT=$tmp/root sh "$tmp/prerm.systemd" remove
+PATH=$tmp/bin:$PATH DPKG_ROOT=$tmp/root sh "$tmp/postrm.systemd" remove
+[ "$(calls)" = "$removal" ] || fail "a removal ran something else"
+PATH=$tmp/bin:$PATH DPKG_ROOT=$tmp/root sh "$tmp/postrm.systemd" purge
+[ "$(calls)" = "$purge" ] || fail "a purge ran something else"
 [ ! -e "$tmp/root/var/lib/bcd" ] || fail "purge left /var/lib/bcd"
 
 if [ "$(id -u)" = 0 ] && unshare --mount --propagation private true 2>/dev/null; then

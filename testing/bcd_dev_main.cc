@@ -59,19 +59,38 @@ using bcd::testing::DevPki;
 using bcd::testing::SpawnChild;
 using bcd::testing::WaitChild;
 
+constexpr char kUsage[] =
+    "Usage: bcd-dev COMMAND [options]\n"
+    "  bcd-dev up [--dir DIR] [--seconds N] [--protocol MIN..MAX] [--bcd PATH] [--websocket]\n"
+    "  bcd-dev run KIND [JSON] [--dir DIR]\n"
+    "  bcd-dev spec JSON [--dir DIR]\n"
+    "  bcd-dev secret REF VALUE (--step WORKFLOW/STEP | --allocation ID |\n"
+    "                            --host SECTION/FIELD) [--dir DIR]\n"
+    "  bcd-dev exec [--dir DIR] -- CMD [ARG...]\n"
+    "  bcd-dev shell [--dir DIR]\n"
+    "  bcd-dev forward [--dir DIR] LOCAL_PORT:[HOST:]PORT\n"
+    "  bcd-dev install-script [--node ID] [--role node|site] [--bcd PATH] [--dir DIR]\n"
+    "\n"
+    "The dev stack for trying bcd and for its tests: a dev PKI and gateway on loopback, a node\n"
+    "joined to it and running, and an operator's commands against it.\n"
+    "\n"
+    "Commands:\n"
+    "  up              start the stack (gateway, bcd join, bcd node) until SIGINT or --seconds\n"
+    "  run             send a signed command of KIND with a JSON payload; print its result\n"
+    "  spec            push a signed desired state (JSON) and print the node's answer\n"
+    "  secret          add a secret to the dev broker, bound to a step, allocation or section\n"
+    "  exec            run a command on the node through an exec tunnel\n"
+    "  shell           open a shell on the node through a shell tunnel\n"
+    "  forward         forward a local port to an address the node reaches (tcp tunnel)\n"
+    "  install-script  print the installer a new machine would run against this stack\n"
+    "\n"
+    "Options:\n"
+    "  --dir DIR       the stack's directory (up prints it; the others default to the last up)\n"
+    "  --help          print this help\n"
+    "  --version       print the version\n";
+
 int Usage() {
-  std::fprintf(stderr,
-               "usage: bcd-dev up [--dir DIR] [--seconds N] [--protocol MIN..MAX] [--bcd PATH] "
-               "[--websocket]\n"
-               "       bcd-dev run KIND [JSON] [--dir DIR]\n"
-               "       bcd-dev spec JSON [--dir DIR]\n"
-               "       bcd-dev secret REF VALUE (--step WORKFLOW/STEP | --allocation ID |\n"
-               "                                 --host SECTION/FIELD) [--dir DIR]\n"
-               "       bcd-dev exec [--dir DIR] -- CMD [ARG...]\n"
-               "       bcd-dev shell [--dir DIR]\n"
-               "       bcd-dev forward [--dir DIR] LOCAL_PORT:[HOST:]PORT\n"
-               "       bcd-dev install-script [--node ID] [--role node|site] [--bcd PATH] "
-               "[--dir DIR]\n");
+  std::fputs(kUsage, stderr);
   return 2;
 }
 
@@ -390,6 +409,14 @@ int TunnelCommand(const std::vector<std::string>& args) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.size() == 1 && (args[0] == "--help" || args[0] == "-h" || args[0] == "help")) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (args.size() == 1 && args[0] == "--version") {
+    std::printf("bcd-dev %s\n", BCD_VERSION);
+    return 0;
+  }
   if (!args.empty() && (args[0] == "run" || args[0] == "spec" || args[0] == "secret"))
     return Ask(args);
   if (!args.empty() && (args[0] == "exec" || args[0] == "shell" || args[0] == "forward"))

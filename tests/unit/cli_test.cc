@@ -118,7 +118,7 @@ TEST(Cli, InventoryPrintsTheClaimsOfTheRootAsJson) {
 TEST(Cli, NoArgumentsIsAUsageError) {
   Result r = RunBcd({});
   EXPECT_EQ(r.code, kExitUsage);
-  EXPECT_NE(r.err.find("usage: bcd COMMAND"), std::string::npos);
+  EXPECT_NE(r.err.find("Usage: bcd COMMAND"), std::string::npos);
 }
 
 TEST(Cli, HelpListsEveryCommand) {
