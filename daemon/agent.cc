@@ -76,7 +76,9 @@ std::vector<std::string> AllCapabilities(const Mode& mode, bool websocket) {
   return capabilities;
 }
 
-std::vector<std::string> EngineConfigSections() { return {"websocket", "update", "tunnels"}; }
+std::vector<std::string> EngineConfigSections() {
+  return {"websocket", "update", "tunnels", "diag"};
+}
 
 std::vector<std::string> UnreadConfigSections(const Config& config, const Mode& mode) {
   std::vector<std::string> read = EngineConfigSections();

@@ -77,7 +77,7 @@ std::vector<std::string> EngineCapabilities(bool websocket);
 // What Hello advertises for `mode`: the engine's capabilities and the mode's, in one list.
 std::vector<std::string> AllCapabilities(const Mode& mode, bool websocket);
 
-// The config tables the engine reads whatever the mode: websocket, update, tunnels.
+// The config tables the engine reads whatever the mode: websocket, update, tunnels, diag.
 std::vector<std::string> EngineConfigSections();
 // The tables of `config` that neither the engine nor `mode` reads, in file order.
 std::vector<std::string> UnreadConfigSections(const Config& config, const Mode& mode);

@@ -45,7 +45,8 @@ TEST(Modes, ATableOnlyAnotherModeReadsIsReported) {
 
 TEST(Modes, TheEngineTablesAreReadInEveryMode) {
   Config config = Parsed(
-      "[websocket]\nurl = \"wss://gw.example.net/v1/session\"\n[update]\n[tunnels]\nmax = 1\n");
+      "[websocket]\nurl = \"wss://gw.example.net/v1/session\"\n[update]\n[tunnels]\nmax = 1\n"
+      "[diag]\nlisten = \"127.0.0.1:9464\"\n");
   for (proto::Mode mode : kModes) {
     EXPECT_TRUE(UnreadConfigSections(config, *MakeMode(mode)).empty()) << proto::ModeName(mode);
   }
