@@ -63,7 +63,7 @@ absl::StatusOr<std::pair<sockaddr_storage, socklen_t>> SocketAddress(const Liste
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DiagServer>> DiagServer::Start(DiagOptions options, Logger* log) {
-  std::unique_ptr<DiagServer> server(new DiagServer(std::move(options), log));
+  std::unique_ptr<DiagServer> server(new DiagServer(std::move(options)));
   absl::StatusOr<std::pair<sockaddr_storage, socklen_t>> address =
       SocketAddress(server->options_.listen);
   if (!address.ok()) return address.status();

@@ -49,12 +49,11 @@ class DiagServer {
   std::string AnswerBytes(std::string_view bytes) const;
 
  private:
-  DiagServer(DiagOptions options, Logger* log) : options_(std::move(options)), log_(log) {}
+  explicit DiagServer(DiagOptions options) : options_(std::move(options)) {}
   void Loop();
   void Serve(int fd) const;
 
   DiagOptions options_;
-  Logger* log_;
   int listen_fd_ = -1;
   int wake_fd_ = -1;  // eventfd: stop
   uint16_t port_ = 0;

@@ -5,9 +5,11 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "base/files.h"
 #include "fmt/format.h"
@@ -113,10 +115,14 @@ absl::Status TarGzWriter::Add(std::string_view name, std::string_view contents, 
   Octal(header + 136, 12, static_cast<uint64_t>(std::max<int64_t>(0, mtime)));
   std::memset(header + 148, ' ', 8);  // the checksum counts its own field as spaces
   header[156] = '0';                  // regular file
-  std::memcpy(header + 257, "ustar", 6);
-  std::memcpy(header + 263, "00", 2);
-  std::memcpy(header + 265, "root", 4);
-  std::memcpy(header + 297, "root", 4);
+  // Fixed fields, NUL-padded by the zeroed header (the version "00" has no NUL of its own).
+  auto put = [&](std::size_t at, std::string_view text) {
+    std::copy(text.begin(), text.end(), header + at);
+  };
+  put(257, std::string_view("ustar\0", 6));
+  put(263, "00");
+  put(265, "root");
+  put(297, "root");
   unsigned sum = 0;
   for (unsigned char c : header) sum += c;
   Octal(header + 148, 7, sum);  // six digits and a NUL; the space at 155 stays
