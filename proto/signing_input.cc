@@ -42,6 +42,8 @@ std::string_view PurposeName(Purpose purpose) {
       return "gateway-proof";
     case Purpose::kDiscovery:
       return "discovery";
+    case Purpose::kRelease:
+      return "release";
   }
   std::abort();
 }
@@ -107,6 +109,11 @@ std::string RenewSigningInput(const bettercompute::agent::v1::RenewRequest& requ
 std::string WsSessionSigningInput(std::string_view nonce, uint64_t time, std::string_view leaf_der,
                                   std::string_view host) {
   return SigningInput(Purpose::kWsSession, {nonce, Uint64Be(time), leaf_der, host});
+}
+
+std::string ReleaseSigningInput(std::string_view version, std::string_view os_arch,
+                                std::string_view sha256) {
+  return SigningInput(Purpose::kRelease, {version, os_arch, sha256});
 }
 
 std::string ApproverSetInput(const bettercompute::agent::v1::TrustBundle& bundle) {

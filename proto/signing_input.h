@@ -32,6 +32,7 @@ enum class Purpose {
   kWsSession,      // "ws-session": [nonce, uint64_be(time), leaf DER, host], by the node key
   kGatewayProof,   // "gateway-proof": [body], by the gateway serving leaf
   kDiscovery,      // "discovery": [body], by the site agent's node key
+  kRelease,        // "release": [version, os_arch, sha256 (32 raw bytes)], by a release key
 };
 
 // The purpose's token as it appears in the signing input ("join-response", ...).
@@ -63,6 +64,10 @@ std::string WorkloadTokenSigningInput(
 std::string RenewSigningInput(const bettercompute::agent::v1::RenewRequest& request);
 std::string WsSessionSigningInput(std::string_view nonce, uint64_t time, std::string_view leaf_der,
                                   std::string_view host);
+// A release (daemon.upgrade): its version, the os/arch it was built for ("linux/amd64") and the
+// binary's sha256 as 32 raw bytes.
+std::string ReleaseSigningInput(std::string_view version, std::string_view os_arch,
+                                std::string_view sha256);
 
 // approverSetInput: uint32_be(n), each approver key's SPKI DER in bundle order (as a part),
 // uint32_be(approver_threshold), uint32_be(m), each tier's uint32_be(min_targets) ||

@@ -65,8 +65,8 @@ out.jwt = {
 // --- ES256 over signing inputs, laid out here independently of bcd's code.
 const N = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551n;
 const signer = crypto.generateKeyPairSync('ec', { namedCurve: 'P-256' });
-function es256(input, high) {
-  const sig = crypto.sign('sha256', input, { key: signer.privateKey, dsaEncoding: 'ieee-p1363' });
+function es256(input, high, key = signer.privateKey) {
+  const sig = crypto.sign('sha256', input, { key, dsaEncoding: 'ieee-p1363' });
   let s = BigInt('0x' + sig.subarray(32).toString('hex'));
   const low = s > N / 2n ? N - s : s;
   s = high ? N - low : low;
@@ -78,10 +78,24 @@ const cases = [
   ['renew', [Buffer.from('csr'), u64(NOW), Buffer.from('0123456789abcdef'), Buffer.from('leaf')]],
   ['approver-set', [u64(7), crypto.createHash('sha256').update('set').digest(), Buffer.from('example.net')]],
   ['secret-request', ['secret://a', 'wf', 'st', '', 'EPK', 'r-1'].map((s) => Buffer.from(s))],
+  ['release', [Buffer.from('1.4.2'), Buffer.from('linux/amd64'), crypto.createHash('sha256').update('bin').digest()]],
 ];
 out.signatures = cases.map(([purpose, parts]) => {
   const input = signingInput(purpose, parts);
   return { purpose, parts: parts.map(hex), input: hex(input), sig: hex(es256(input, false)), high_s_sig: hex(es256(input, true)) };
 });
+
+// --- A release (daemon.upgrade) signed by a release key of its own for linux/amd64.
+const releaseKey = crypto.generateKeyPairSync('ec', { namedCurve: 'P-256' });
+const binarySha256 = crypto.createHash('sha256').update('a release binary').digest();
+out.release = {
+  version: '1.4.2',
+  os_arch: 'linux/amd64',
+  sha256: hex(binarySha256),
+  spki: hex(releaseKey.publicKey.export({ type: 'spki', format: 'der' })),
+  spki_pem: releaseKey.publicKey.export({ type: 'spki', format: 'pem' }),
+  sig: hex(es256(signingInput('release', [Buffer.from('1.4.2'), Buffer.from('linux/amd64'), binarySha256]),
+    false, releaseKey.privateKey)),
+};
 
 fs.writeFileSync(process.argv[2], JSON.stringify(out, null, 1) + '\n');

@@ -17,6 +17,7 @@ std::string Message(const absl::Status& status) { return std::string(ToStd(statu
 std::string OurInput(const std::string& purpose, const std::vector<std::string>& p) {
   using proto::Purpose;
   if (purpose == "command") return proto::BodySigningInput(Purpose::kCommand, p[0]);
+  if (purpose == "release") return proto::ReleaseSigningInput(p[0], p[1], p[2]);
   if (purpose == "renew") {
     bettercompute::agent::v1::RenewRequest request;
     request.set_csr(p[0]);

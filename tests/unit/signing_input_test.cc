@@ -37,6 +37,7 @@ TEST(SigningInput, PurposeNamesAreTheProtocolTokens) {
       {Purpose::kWsSession, "ws-session"},
       {Purpose::kGatewayProof, "gateway-proof"},
       {Purpose::kDiscovery, "discovery"},
+      {Purpose::kRelease, "release"},
   };
   for (auto [purpose, name] : expected) EXPECT_EQ(PurposeName(purpose), name);
 }
