@@ -4,6 +4,7 @@
 #include <map>
 
 #include "absl/strings/ascii.h"
+#include "base/version.h"
 #include "config/config.h"
 #include "fmt/format.h"
 #include "install/install_body.h"
@@ -370,7 +371,7 @@ absl::StatusOr<std::string> GenerateInstallScript(const InstallOptions& o) {
       "token={qtoken}\n"
       "binary_url={qbinary}\n"
       "binary_sha256={qsha}\n\n",
-      fmt::arg("role", o.role), fmt::arg("url", o.gateway_url), fmt::arg("version", BCD_VERSION),
+      fmt::arg("role", o.role), fmt::arg("url", o.gateway_url), fmt::arg("version", Version()),
       fmt::arg("qrole", ShellQuote(o.role)), fmt::arg("qurl", ShellQuote(o.gateway_url)),
       fmt::arg("qtoken", ShellQuote(o.token)),
       fmt::arg("qbinary", ShellQuote(o.binary_url.value_or(""))),

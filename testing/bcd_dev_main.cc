@@ -8,6 +8,7 @@
 //   bcd-dev exec [--dir DIR] -- CMD [ARG...]
 //   bcd-dev shell [--dir DIR]
 //   bcd-dev forward [--dir DIR] LOCAL_PORT:[HOST:]PORT
+//   bcd-dev upgrade PATH --version V [--os-arch A] [--dir DIR]
 //
 // `up` starts the dev gateway on loopback with a fresh dev PKI, joins a `bcd node` to it with a
 // one-time token, hands it the dev approver set, runs the node in the foreground (its log lines on
@@ -22,7 +23,10 @@
 // (resizes follow the terminal), forward listens on 127.0.0.1:LOCAL_PORT and carries each
 // connection to HOST:PORT as the node sees it (HOST defaults to 127.0.0.1). With --websocket the
 // node joins over gRPC and then runs over the gateway's WebSocket listener (signed intent only,
-// renewals over HTTPS).
+// renewals over HTTPS). The node runs a copy of bcd installed in DIR/bin, with the dev release
+// key pinned; `upgrade` puts the binary at PATH on the stack's HTTPS release server, signs it as
+// version V for this machine's os/arch (or A) and sends daemon.upgrade, printing the result the
+// node reports after its restart.
 
 #include <netinet/in.h>
 #include <poll.h>
@@ -42,14 +46,18 @@
 #include <vector>
 
 #include "base/files.h"
+#include "base/version.h"
 #include "config/config.h"
+#include "daemon/upgrade/release.h"
 #include "google/protobuf/util/json_util.h"
 #include "install/install_script.h"
 #include "nlohmann/json.hpp"
 #include "pki/keys.h"
+#include "sys/utsname.h"
 #include "testing/child_process.h"
 #include "testing/dev_control.h"
 #include "testing/dev_gateway.h"
+#include "testing/release_server.h"
 #include "transport/tls.h"
 
 namespace {
@@ -70,6 +78,7 @@ constexpr char kUsage[] =
     "  bcd-dev shell [--dir DIR]\n"
     "  bcd-dev forward [--dir DIR] LOCAL_PORT:[HOST:]PORT\n"
     "  bcd-dev install-script [--node ID] [--role node|site] [--bcd PATH] [--dir DIR]\n"
+    "  bcd-dev upgrade PATH --version V [--os-arch A] [--dir DIR]\n"
     "\n"
     "The dev stack for trying bcd and for its tests: a dev PKI and gateway on loopback, a node\n"
     "joined to it and running, and an operator's commands against it.\n"
@@ -83,6 +92,8 @@ constexpr char kUsage[] =
     "  shell           open a shell on the node through a shell tunnel\n"
     "  forward         forward a local port to an address the node reaches (tcp tunnel)\n"
     "  install-script  print the installer a new machine would run against this stack\n"
+    "  upgrade         serve PATH as release V, signed by the dev release key, and send\n"
+    "                  daemon.upgrade; print the result the node reports after its restart\n"
     "\n"
     "Options:\n"
     "  --dir DIR       the stack's directory (up prints it; the others default to the last up)\n"
@@ -405,6 +416,63 @@ int TunnelCommand(const std::vector<std::string>& args) {
   }
 }
 
+// bcd-dev upgrade: the release at PATH served by the stack, signed, and sent as daemon.upgrade.
+int Upgrade(const std::vector<std::string>& args) {
+  std::string dir, path, version, os_arch;
+  for (std::size_t i = 1; i < args.size(); ++i) {
+    bool takes_value = args[i] == "--dir" || args[i] == "--version" || args[i] == "--os-arch";
+    if (takes_value && i + 1 >= args.size()) return Usage();
+    if (args[i] == "--dir") {
+      dir = args[++i];
+    } else if (args[i] == "--version") {
+      version = args[++i];
+    } else if (args[i] == "--os-arch") {
+      os_arch = args[++i];
+    } else if (path.empty()) {
+      path = args[i];
+    } else {
+      return Usage();
+    }
+  }
+  if (path.empty() || version.empty()) return Usage();
+  if (os_arch.empty()) {
+    utsname uts{};
+    uname(&uts);
+    os_arch = bcd::upgrade::OsArch(uts.machine);
+  }
+  dir = StackDir(dir);
+  if (dir.empty()) return 1;
+  auto fail = [](const std::string& what) {
+    return std::fprintf(stderr, "bcd-dev: %s\n", what.c_str()), 1;
+  };
+  absl::StatusOr<std::string> binary = bcd::ReadWholeFile(path, std::size_t{1} << 30);
+  if (!binary.ok()) return fail(path + ": " + std::string(binary.status().message()));
+  absl::StatusOr<std::string> key_pem = bcd::ReadWholeFile(dir + "/release-key.pem", 64 * 1024);
+  absl::StatusOr<std::string> base = bcd::ReadWholeFile(dir + "/release-server", 1024);
+  if (!key_pem.ok() || !base.ok())
+    return fail("this stack has no release server (an older bcd-dev up?)");
+  absl::StatusOr<bcd::pki::PrivateKey> key = bcd::pki::PrivateKey::FromPem(*key_pem);
+  if (!key.ok()) return fail(std::string(key.status().message()));
+  std::string name = "bcd-" + version;
+  if (absl::Status s = bcd::AtomicWriteFile(dir + "/releases/" + name, *binary, 0644); !s.ok())
+    return fail(std::string(s.message()));
+  std::string url = base->substr(0, base->find('\n')) + "/" + name;
+  bettercompute::agent::v1::DaemonUpgradePayload payload =
+      DevPki::SignRelease(*key, version, os_arch, *binary, url);
+  std::string payload_json;
+  (void)google::protobuf::util::MessageToJsonString(payload, &payload_json);
+  std::printf("release %s for %s at %s, sha256 %s\n", version.c_str(), os_arch.c_str(), url.c_str(),
+              bcd::pki::Hex(payload.sha256()).c_str());
+  std::fflush(stdout);
+  std::optional<nlohmann::json> outcome =
+      AskStack(dir, {{"op", "run"},
+                     {"kind", "daemon.upgrade"},
+                     {"payload", nlohmann::json::parse(payload_json)}});
+  if (!outcome) return 1;
+  std::printf("%s\n", outcome->dump(2).c_str());
+  return outcome->value("state", "") == "COMMAND_STATE_SUCCEEDED" ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -414,7 +482,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (args.size() == 1 && args[0] == "--version") {
-    std::printf("bcd-dev %s\n", BCD_VERSION);
+    std::printf("bcd-dev %s\n", std::string(bcd::Version()).c_str());
     return 0;
   }
   if (!args.empty() && (args[0] == "run" || args[0] == "spec" || args[0] == "secret"))
@@ -422,6 +490,7 @@ int main(int argc, char** argv) {
   if (!args.empty() && (args[0] == "exec" || args[0] == "shell" || args[0] == "forward"))
     return TunnelCommand(args);
   if (!args.empty() && args[0] == "install-script") return InstallScript(args);
+  if (!args.empty() && args[0] == "upgrade") return Upgrade(args);
   if (args.empty() || args[0] != "up") return Usage();
   std::string dir, protocol = "1..1", bcd = BCD_DEFAULT_BINARY;
   int seconds = 0;
@@ -462,11 +531,46 @@ int main(int argc, char** argv) {
   if (!gateway.ok())
     return std::fprintf(stderr, "bcd-dev: %s\n", std::string(gateway.status().message()).c_str()),
            1;
+  // bcd installed in the stack's dir, as an installer would put it: daemon.upgrade replaces this
+  // copy, never the build's.
+  std::filesystem::create_directories(dir + "/bin");
+  std::filesystem::create_directories(dir + "/releases");
+  {
+    absl::StatusOr<std::string> binary = bcd::ReadWholeFile(bcd, std::size_t{1} << 30);
+    if (!binary.ok() || !bcd::AtomicWriteFile(dir + "/bin/bcd", *binary, 0755).ok())
+      return std::fprintf(stderr, "bcd-dev: cannot install %s in %s/bin\n", bcd.c_str(),
+                          dir.c_str()),
+             1;
+    bcd = dir + "/bin/bcd";
+  }
+  // The dev release key (its private half stays in the stack's dir, for bcd-dev upgrade) and the
+  // HTTPS release server, trusted by bcd through SSL_CERT_FILE.
+  absl::StatusOr<bcd::pki::PrivateKey> release_key = bcd::pki::PrivateKey::Generate();
+  if (!release_key.ok() ||
+      !bcd::AtomicWriteFile(dir + "/release-key.pem", release_key->ToPem(), 0600).ok() ||
+      !bcd::AtomicWriteFile(dir + "/dev-ca.pem", pki->serving_ca().Pem(), 0644).ok()) {
+    return std::fprintf(stderr, "bcd-dev: cannot write the dev release key\n"), 1;
+  }
+  absl::StatusOr<std::unique_ptr<bcd::testing::ReleaseServer>> releases =
+      bcd::testing::ReleaseServer::Start(dir + "/releases", pki->serving_key().ToPem(),
+                                         pki->ServingChainPem());
+  if (!releases.ok())
+    return std::fprintf(stderr, "bcd-dev: %s\n", std::string(releases.status().message()).c_str()),
+           1;
+  (void)bcd::AtomicWriteFile(dir + "/release-server",
+                             (*releases)->Url("").substr(0, (*releases)->Url("").size() - 1) + "\n",
+                             0644);
+  setenv("SSL_CERT_FILE", (dir + "/dev-ca.pem").c_str(), 1);
   std::string config = dir + "/config.toml";
   int diag_port = bcd::testing::FreeLoopbackPort();
   std::ofstream(config) << (*gateway)->ConfigToml(dir + "/state") << "[node]\n"
                         << "reboot_command = [\"/bin/true\"]  # the dev stack never reboots\n"
-                        << "[diag]\nlisten = \"127.0.0.1:" << diag_port << "\"\n";
+                        << "[diag]\nlisten = \"127.0.0.1:" << diag_port << "\"\n"
+                        << "[update]\nrelease_keys = [\""
+                        << bcd::pki::Hex(release_key->Public().SpkiSha256()) << "\"]\n"
+                        << "trial_seconds = 30\n";
+  std::printf("releases: %s (signed by the dev release key, pinned in the config)\n",
+              (*releases)->Url("").c_str());
   std::printf(
       "dev gateway: %s (protocol %s), WebSocket wss://127.0.0.1:%d/v1/session, serving "
       "CA pin %s\n",

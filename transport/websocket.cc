@@ -1,6 +1,7 @@
 #include "transport/websocket.h"
 
 #include "base/mutex.h"
+#include "base/version.h"
 #include "transport/ws_connection.h"
 // (ws_connection.h first: Boost 1.74 needs <utility> before Asio.)
 #include <arpa/inet.h>
@@ -106,7 +107,7 @@ std::optional<Refusal> ProxyConnect(Connection& c, const WebSocketSpec& spec,
       std::to_string(spec.port);
   http::request<http::empty_body> request{http::verb::connect, authority, 11};
   request.set(http::field::host, authority);
-  request.set(http::field::user_agent, "bcd/" BCD_VERSION);
+  request.set(http::field::user_agent, "bcd/" + std::string(Version()));
   if (!proxy.authorization.empty()) {
     request.set(http::field::proxy_authorization, proxy.authorization);
   }
@@ -301,7 +302,7 @@ class WsFrameStream final : public FrameStream {
     ws.set_option(websocket::stream_base::decorator(
         [fields = headers->headers](websocket::request_type& request) {
           request.set(http::field::sec_websocket_protocol, std::string(kWsSubprotocol));
-          request.set(http::field::user_agent, "bcd/" BCD_VERSION);
+          request.set(http::field::user_agent, "bcd/" + std::string(Version()));
           for (const auto& [name, value] : fields) request.set(name, value);
         }));
     websocket::stream_base::timeout timeouts{};
@@ -415,7 +416,7 @@ absl::StatusOr<HttpAnswer> HttpsPost(const WebSocketSpec& spec, std::string_view
   }
   http::request<http::string_body> request{http::verb::post, std::string(target), 11};
   request.set(http::field::host, HostHeader(spec.host, spec.port));
-  request.set(http::field::user_agent, "bcd/" BCD_VERSION);
+  request.set(http::field::user_agent, "bcd/" + std::string(Version()));
   request.set(http::field::content_type, std::string(content_type));
   request.body() = std::string(body);
   request.prepare_payload();

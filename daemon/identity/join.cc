@@ -1,5 +1,6 @@
 #include "daemon/identity/join.h"
 
+#include "base/version.h"
 #include "bettercompute/agent/v1/session.pb.h"
 #include "daemon/identity/gateway.h"
 #include "fmt/format.h"
@@ -100,7 +101,7 @@ absl::StatusOr<Identity> JoinFleet(const Config& config, const JoinSpec& spec) {
   request.set_evidence(spec.evidence);
   request.set_csr(*csr);
   *request.mutable_claims() = spec.claims;
-  request.set_daemon_version(BCD_VERSION);
+  request.set_daemon_version(std::string(Version()));
   request.set_role(spec.role);
   request.set_node_id(spec.node_id);
   Say(spec, fmt::format("joining {} as {}", config.gateway_url()->text(),

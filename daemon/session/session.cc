@@ -4,6 +4,7 @@
 
 #include "base/backoff.h"
 #include "base/mutex.h"
+#include "base/version.h"
 #include "daemon/dispatch/desired.h"
 #include "daemon/dispatch/dispatcher.h"
 #include "daemon/secrets/secrets.h"
@@ -225,7 +226,7 @@ v1::AgentFrame SessionEngine::Hello() const {
   v1::Hello* hello = frame.mutable_hello();
   hello->set_proto_min(options_.range.min());
   hello->set_proto_max(options_.range.max());
-  hello->set_daemon_version(BCD_VERSION);
+  hello->set_daemon_version(std::string(Version()));
   for (const std::string& capability : options_.capabilities) hello->add_capabilities(capability);
   hello->set_role(options_.role);
   hello->set_trust_version(trust_.version());
@@ -252,7 +253,7 @@ v1::AgentFrame SessionEngine::Status() const {
     for (const v1::SectionStatus& section : desired_->sections()) *status->add_sections() = section;
   }
   status->set_certificate_not_after(static_cast<uint64_t>(options_.certificate_not_after));
-  status->set_daemon_version(BCD_VERSION);
+  status->set_daemon_version(std::string(Version()));
   {
     MutexLock lock(outbox_mu_);
     status->set_outbox_pending(outbox_->pending().size());

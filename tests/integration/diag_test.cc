@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "base/version.h"
 #include "daemon/agent.h"
 #include "daemon/dispatch/desired.h"
 #include "fmt/format.h"
@@ -124,7 +125,7 @@ TEST_F(Diag, SessionAndProcessFiguresAreThereFromTheStart) {
   EXPECT_GE(values["bcd_frames_received_total{case=welcome}"], 1);
   EXPECT_GE(values["bcd_frames_sent_total{case=hello}"], 1);
   EXPECT_GE(values["bcd_frames_sent_total{case=status}"], 1);
-  EXPECT_EQ(values["bcd_build_info{mode=node,version=" BCD_VERSION "}"], 1);
+  EXPECT_EQ(values["bcd_build_info{mode=node,version=" + std::string(Version()) + "}"], 1);
   EXPECT_GT(values["process_resident_memory_bytes"], 1 << 20);
   EXPECT_GE(values["process_threads"], 4);
   EXPECT_GE(values["process_open_fds"], 5);

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "app/cli.h"
+#include "base/version.h"
 #include "daemon/agent.h"
 #include "daemon/identity/identity.h"
 #include "daemon/identity/join.h"
@@ -110,7 +111,7 @@ TEST_F(Session, HelloCarriesEveryFieldAndAStatusReportFollows) {
   v1::Hello hello = *gateway_->LastHello("n-1");
   EXPECT_EQ(hello.proto_min(), 1u);
   EXPECT_EQ(hello.proto_max(), 1u);
-  EXPECT_EQ(hello.daemon_version(), BCD_VERSION);
+  EXPECT_EQ(hello.daemon_version(), Version());
   EXPECT_EQ(hello.role(), bettercompute::common::v1::ROLE_NODE);
   EXPECT_EQ(hello.trust_version(), 1u);
   EXPECT_EQ(hello.applied_generation(), 0u);
