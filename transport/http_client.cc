@@ -1,6 +1,10 @@
-#include "modes/common/http_upload.h"
+#include "transport/http_client.h"
 
 // Boost 1.74 with g++ 12 in C++20 needs <utility> before the Asio headers.
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <unistd.h>
+
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -9,8 +13,12 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 #include <functional>
+#include <memory>
 #include <utility>
 
+#include "base/fd.h"
+#include "base/files.h"
+#include "base/version.h"
 #include "config/config.h"
 #include "fmt/format.h"
 #include "proto/absl_compat.h"
@@ -118,7 +126,7 @@ absl::Status HttpPutFile(const UploadRequest& request) {
       (url.host().find(':') != std::string::npos ? "[" + url.host() + "]" : url.host());
   if (url.port() != (tls ? 443 : 80)) host_header += ":" + std::to_string(url.port());
   put.set(http::field::host, host_header);
-  put.set(http::field::user_agent, "bcd/" BCD_VERSION);
+  put.set(http::field::user_agent, "bcd/" + std::string(Version()));
   for (const auto& [name, value] : request.headers) put.set(name, value);
   put.prepare_payload();  // Content-Length from the file's size
 
@@ -177,6 +185,263 @@ absl::Status HttpPutFile(const UploadRequest& request) {
   RunWatching(ioc, request.stop, [&] { beast::get_lowest_layer(stream).cancel(); });
   if (failed) return Failed(request, url.host(), "TLS: ", failed);
   return Exchange(stream, ioc, put, request, url.host());
+}
+
+namespace {
+
+using Deadline = std::chrono::steady_clock::time_point;
+
+std::chrono::milliseconds Left(Deadline deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  return std::max(left, std::chrono::milliseconds(1));
+}
+
+// One download's connection: where it goes, the file it fills and the hash of what went in.
+struct Fetch {
+  const DownloadRequest& request;
+  Deadline deadline;
+  net::io_context ioc;
+  Fd file;
+  Downloaded got;
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> sha{EVP_MD_CTX_new(), EVP_MD_CTX_free};
+
+  absl::Status Failed(const std::string& where, std::string_view what,
+                      const beast::error_code& ec) const {
+    if (request.stop != nullptr && request.stop->load())
+      return absl::CancelledError(fmt::format("download from {}: stopped", where));
+    if (ec == beast::error::timeout)
+      return absl::UnavailableError(fmt::format("download from {}: timed out", where));
+    return absl::UnavailableError(fmt::format("download from {}: {}{}", where, what, ec.message()));
+  }
+
+  // Runs the async operation `start` begins until it completes, cancelling it on `stop`.
+  template <class Start, class Cancel>
+  beast::error_code Await(Start start, Cancel cancel) {
+    beast::error_code result;
+    bool done = false;
+    start([&](beast::error_code ec) {
+      result = ec;
+      done = true;
+    });
+    RunWatching(ioc, request.stop, cancel);
+    if (!done) return net::error::operation_aborted;
+    return result;
+  }
+};
+
+absl::StatusOr<std::vector<tcp::endpoint>> Resolve(Fetch& f, const std::string& host,
+                                                   uint16_t port) {
+  std::vector<tcp::endpoint> endpoints;
+  beast::error_code ec;
+  if (f.request.resolve) {
+    for (const std::string& text : f.request.resolve(host)) {
+      net::ip::address address = net::ip::make_address(text, ec);
+      if (ec) return f.Failed(host, "", ec);
+      endpoints.emplace_back(address, port);
+    }
+  } else {
+    tcp::resolver resolver(f.ioc);
+    ec = f.Await(
+        [&](auto done) {
+          resolver.async_resolve(host, std::to_string(port),
+                                 [&, done](beast::error_code e, tcp::resolver::results_type found) {
+                                   for (const auto& entry : found)
+                                     endpoints.push_back(entry.endpoint());
+                                   done(e);
+                                 });
+        },
+        [&] { resolver.cancel(); });
+    if (ec) return f.Failed(host, "", ec);
+  }
+  if (endpoints.empty())
+    return absl::UnavailableError(fmt::format("download from {}: no address", host));
+  return endpoints;
+}
+
+// Asks the proxy on `stream` for a tunnel to host:port.
+absl::Status ProxyConnect(Fetch& f, beast::tcp_stream& stream, const transport::ProxySpec& proxy,
+                          const Url& url) {
+  std::string authority =
+      (url.host().find(':') != std::string::npos ? "[" + url.host() + "]" : url.host()) + ":" +
+      std::to_string(url.port());
+  http::request<http::empty_body> connect{http::verb::connect, authority, 11};
+  connect.set(http::field::host, authority);
+  connect.set(http::field::user_agent, "bcd/" + std::string(Version()));
+  if (!proxy.authorization.empty())
+    connect.set(http::field::proxy_authorization, proxy.authorization);
+  beast::flat_buffer buffer;
+  http::response_parser<http::empty_body> parser;
+  parser.skip(true);  // a CONNECT answer has no body, whatever its headers say
+  std::string where = "the proxy " + proxy.display;
+  stream.expires_after(Left(f.deadline));
+  beast::error_code ec = f.Await(
+      [&](auto done) {
+        http::async_write(stream, connect, [&, done](beast::error_code e, std::size_t) {
+          if (e) return done(e);
+          http::async_read(stream, buffer, parser,
+                           [done](beast::error_code e2, std::size_t) { done(e2); });
+        });
+      },
+      [&] { stream.cancel(); });
+  if (ec) return f.Failed(where, "", ec);
+  if (parser.get().result_int() != 200) {
+    return absl::UnavailableError(
+        fmt::format("download: {} answered CONNECT with {}", where, parser.get().result_int()));
+  }
+  if (buffer.size() != 0)
+    return absl::UnavailableError(fmt::format("download: {} sent bytes before TLS", where));
+  return absl::OkStatus();
+}
+
+// What one GET answered: a redirect's location, or the body in the file.
+struct Answer {
+  std::optional<std::string> location;
+};
+
+absl::StatusOr<Answer> Get(Fetch& f, const Url& url) {
+  const DownloadRequest& request = f.request;
+  absl::StatusOr<std::optional<transport::ProxySpec>> proxy =
+      transport::ProxyFor(url.host(), url.port(), request.env);
+  if (!proxy.ok())
+    return absl::UnavailableError(fmt::format("download: {}", ToStd(proxy.status().message())));
+  std::string connect_host = *proxy ? (*proxy)->host : url.host();
+  uint16_t connect_port = *proxy ? (*proxy)->port : url.port();
+  absl::StatusOr<std::vector<tcp::endpoint>> endpoints = Resolve(f, connect_host, connect_port);
+  if (!endpoints.ok()) return endpoints.status();
+
+  ssl::context context(ssl::context::tls_client);
+  SSL_CTX_set_min_proto_version(context.native_handle(), TLS1_3_VERSION);
+  context.set_default_verify_paths();
+  context.set_verify_mode(ssl::verify_peer);
+  beast::ssl_stream<beast::tcp_stream> stream(f.ioc, context);
+  beast::tcp_stream& tcp = beast::get_lowest_layer(stream);
+  tcp.expires_after(Left(f.deadline));
+  beast::error_code ec = f.Await(
+      [&](auto done) {
+        tcp.async_connect(*endpoints,
+                          [done](beast::error_code e, const tcp::endpoint&) { done(e); });
+      },
+      [&] { tcp.cancel(); });
+  if (ec) return f.Failed(*proxy ? "the proxy " + (*proxy)->display : url.host(), "", ec);
+  if (*proxy) {
+    if (absl::Status s = ProxyConnect(f, tcp, **proxy, url); !s.ok()) return s;
+  }
+  SSL_set_tlsext_host_name(stream.native_handle(), url.host().c_str());
+  SSL_set1_host(stream.native_handle(), url.host().c_str());
+  tcp.expires_after(Left(f.deadline));
+  ec = f.Await([&](auto done) { stream.async_handshake(ssl::stream_base::client, done); },
+               [&] { tcp.cancel(); });
+  if (ec) return f.Failed(url.host(), "TLS: ", ec);
+
+  http::request<http::empty_body> get{http::verb::get, url.target(), 11};
+  std::string host_header =
+      (url.host().find(':') != std::string::npos ? "[" + url.host() + "]" : url.host());
+  if (url.port() != 443) host_header += ":" + std::to_string(url.port());
+  get.set(http::field::host, host_header);
+  get.set(http::field::user_agent, "bcd/" + std::string(Version()));
+  beast::flat_buffer buffer;
+  http::response_parser<http::buffer_body> parser;
+  parser.body_limit(request.max_bytes);
+  ec = f.Await(
+      [&](auto done) {
+        http::async_write(stream, get, [&, done](beast::error_code e, std::size_t) {
+          if (e) return done(e);
+          http::async_read_header(stream, buffer, parser,
+                                  [done](beast::error_code e2, std::size_t) { done(e2); });
+        });
+      },
+      [&] { tcp.cancel(); });
+  if (ec == http::error::body_limit) {  // its Content-Length says more than the cap
+    return absl::ResourceExhaustedError(
+        fmt::format("download from {}: {} bytes is over the cap of {}", url.host(),
+                    parser.content_length().value_or(0), request.max_bytes));
+  }
+  if (ec) return f.Failed(url.host(), "", ec);
+  unsigned status = parser.get().result_int();
+  if (status == 301 || status == 302 || status == 303 || status == 307 || status == 308) {
+    auto location = parser.get().find(http::field::location);
+    if (location == parser.get().end())
+      return absl::FailedPreconditionError(
+          fmt::format("download from {}: {} without a Location", url.host(), status));
+    return Answer{std::string(location->value())};
+  }
+  if (status != 200) {
+    return absl::FailedPreconditionError(
+        fmt::format("download from {}: the server answered {}", url.host(), status));
+  }
+  std::optional<uint64_t> length;
+  if (parser.content_length()) length = *parser.content_length();
+  if (length && *length > request.max_bytes) {
+    return absl::ResourceExhaustedError(
+        fmt::format("download from {}: {} bytes is over the cap of {}", url.host(), *length,
+                    request.max_bytes));
+  }
+  if (request.on_length) {
+    if (absl::Status s = request.on_length(length); !s.ok()) return s;
+  }
+  std::vector<char> chunk(64 * 1024);
+  while (!parser.is_done()) {
+    parser.get().body().data = chunk.data();
+    parser.get().body().size = chunk.size();
+    ec = f.Await(
+        [&](auto done) {
+          http::async_read(stream, buffer, parser,
+                           [done](beast::error_code e, std::size_t) { done(e); });
+        },
+        [&] { tcp.cancel(); });
+    if (ec == http::error::body_limit) {
+      return absl::ResourceExhaustedError(fmt::format(
+          "download from {}: more than the cap of {} bytes", url.host(), request.max_bytes));
+    }
+    if (ec && ec != http::error::need_buffer) return f.Failed(url.host(), "", ec);
+    std::size_t n = chunk.size() - parser.get().body().size;
+    for (std::size_t written = 0; written < n;) {
+      ssize_t w = write(f.file.get(), chunk.data() + written, n - written);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) return ErrnoStatus("download: cannot write", request.file);
+      written += static_cast<std::size_t>(w);
+    }
+    EVP_DigestUpdate(f.sha.get(), chunk.data(), n);
+    f.got.bytes += n;
+  }
+  return Answer{};
+}
+
+}  // namespace
+
+absl::StatusOr<Downloaded> HttpGetToFile(const DownloadRequest& request) {
+  Fetch f{.request = request, .deadline = std::chrono::steady_clock::now() + request.timeout};
+  auto fail = [&](absl::Status status) {
+    f.file.reset();
+    unlink(request.file.c_str());
+    return status;
+  };
+  std::string next = request.url;
+  for (int hop = 0;; ++hop) {
+    absl::StatusOr<Url> url = Url::Parse(next, {"https"}, /*allow_query=*/true);
+    if (!url.ok()) {
+      return fail(absl::InvalidArgumentError(fmt::format(
+          "{}{}", hop == 0 ? "url: " : "a redirect to \"" + next.substr(0, 200) + "\": ",
+          ToStd(url.status().message()))));
+    }
+    f.file.reset(open(request.file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    if (!f.file) return fail(ErrnoStatus("download: cannot create", request.file));
+    EVP_DigestInit_ex(f.sha.get(), EVP_sha256(), nullptr);
+    f.got = {};
+    absl::StatusOr<Answer> answer = Get(f, *url);
+    if (!answer.ok()) return fail(answer.status());
+    if (!answer->location) break;
+    if (hop == 5) return fail(absl::FailedPreconditionError("download: more than 5 redirects"));
+    next = *answer->location;
+  }
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  EVP_DigestFinal_ex(f.sha.get(), digest, &size);
+  f.got.sha256.assign(reinterpret_cast<char*>(digest), size);
+  if (SyncFile(f.file.get()) != 0 || !f.file.Close())
+    return fail(ErrnoStatus("download: cannot sync", request.file));
+  return f.got;
 }
 
 }  // namespace bcd

@@ -1,20 +1,25 @@
 #pragma once
 
-// HTTP PUT of a file to a presigned URL (logs.collect). https verifies the server against the
+// The HTTP client of the kinds that move files: a PUT of a file to a presigned URL (logs.collect)
+// and a GET into a file (daemon.upgrade's release). https verifies the server against the
 // system's CA roots (SSL_CERT_FILE/SSL_CERT_DIR apply) and its host name, TLS 1.3 only; plain http
 // is refused unless every address the host resolves to is a loopback address (the dev stack and
 // tests), and then only those addresses are connected to. The body streams from the file with its
-// Content-Length, never held whole in memory. Boost.Beast lives in this one translation unit.
+// Content-Length, never held whole in memory; a GET streams to its file the same way. Boost.Beast
+// lives in this one translation unit.
 
 #include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "transport/proxy.h"
 
 namespace bcd {
 
@@ -38,5 +43,30 @@ absl::Status CheckUploadRequest(const UploadRequest& request);
 // timeout failures; Cancelled when `stop` turned true; FailedPrecondition naming the status and
 // the start of the body for any other answer.
 absl::Status HttpPutFile(const UploadRequest& request);
+
+// A GET of an https URL into a file: through the environment's proxy (https_proxy, no_proxy; an
+// HTTP CONNECT tunnel), TLS 1.3 verified against the system's roots, up to 5 redirects (https
+// only), the body streamed to `file` (created 0600, synced) and hashed while it streams.
+struct DownloadRequest {
+  std::string url;
+  std::filesystem::path file;  // replaced if it exists
+  uint64_t max_bytes = 0;      // more is refused, whatever Content-Length says
+  // Called once the answer's headers are in, with its Content-Length when it sent one and before
+  // a byte is written: an error stops the download with that error (room on the disk).
+  std::function<absl::Status(std::optional<uint64_t> length)> on_length;
+  std::chrono::milliseconds timeout{std::chrono::minutes(10)};  // the whole download
+  const std::atomic<bool>* stop = nullptr;                      // as UploadRequest's
+  std::function<std::vector<std::string>(const std::string& host)> resolve;
+  transport::EnvLookup env = transport::ProcessEnv;  // where the proxy variables come from
+};
+struct Downloaded {
+  uint64_t bytes = 0;
+  std::string sha256;  // 32 raw bytes, of what was written
+};
+// InvalidArgument for a URL that is not https (or a redirect to one); Unavailable for network,
+// proxy, TLS and timeout failures; ResourceExhausted past max_bytes; FailedPrecondition naming an
+// answer other than 200; Cancelled when `stop` turned true; on_length's error as it is; Internal
+// when the file cannot be written. The file is removed on every error.
+absl::StatusOr<Downloaded> HttpGetToFile(const DownloadRequest& request);
 
 }  // namespace bcd

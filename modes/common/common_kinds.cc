@@ -5,7 +5,7 @@
 #include "daemon/dispatch/dispatcher.h"
 #include "daemon/session/session.h"
 #include "modes/common/handlers.h"
-#include "modes/common/http_upload.h"
+#include "transport/http_client.h"
 
 namespace bcd {
 

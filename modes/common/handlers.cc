@@ -4,8 +4,8 @@
 #include "config/config.h"
 #include "fmt/format.h"
 #include "modes/common/archive.h"
-#include "modes/common/http_upload.h"
 #include "proto/absl_compat.h"
+#include "transport/http_client.h"
 
 namespace bcd {
 

@@ -17,7 +17,6 @@
 #include "daemon/identity/join.h"
 #include "fmt/format.h"
 #include "gtest/gtest.h"
-#include "modes/common/http_upload.h"
 #include "modes/node/node_mode.h"
 #include "pki/envelope.h"
 #include "pki/jwt.h"
@@ -29,6 +28,7 @@
 #include "testing/wait.h"
 #include "tests/integration/joined_node.h"
 #include "tests/unit/fake_root.h"
+#include "transport/http_client.h"
 
 namespace bcd {
 namespace {
