@@ -2,10 +2,12 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <spawn.h>
 #include <unistd.h>
 
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <mutex>
 #include <optional>
@@ -20,10 +22,12 @@
 #include "app/notify.h"
 #include "base/files.h"
 #include "base/mutex.h"
+#include "base/version.h"
 #include "config/config.h"
 #include "daemon/agent.h"
 #include "daemon/control.h"
 #include "daemon/identity/join.h"
+#include "daemon/upgrade/trial.h"
 #include "fmt/format.h"
 #include "fmt/ostream.h"
 #include "install/install_script.h"
@@ -58,6 +62,12 @@ constexpr Command kCommands[] = {
      "    [--gateway-server-name N]",
      "print the installer for a new machine", ""},
     {"version", "[--json]", "print the version, protocol range and capabilities", ""},
+    {"upgrade-recover", "",
+     "roll back an upgrade whose new version stopped during its trial (the unit's ExecStartPre "
+     "runs it with the previous binary)",
+     ""},
+    {"upgrade-guard", "--binary B --state-dir D --pid P -- ARGV...",
+     "watch a new version through its trial (bcd starts it during an upgrade)", ""},
 };
 
 const Command* FindCommand(std::string_view name) {
@@ -134,7 +144,7 @@ int Version(const Config& config, bool json, const CliEnv& env) {
   bool websocket = config.websocket().has_value();
   if (json) {
     nlohmann::json doc = {
-        {"version", BCD_VERSION},
+        {"version", bcd::Version()},
         {"protocol",
          {{"min", proto::kProtocolVersion.min()}, {"max", proto::kProtocolVersion.max()}}},
         {"transport", websocket ? "websocket" : "grpc"},
@@ -146,7 +156,7 @@ int Version(const Config& config, bool json, const CliEnv& env) {
     fmt::print(env.out, "{}\n", doc.dump());
     return kExitOk;
   }
-  fmt::print(env.out, "bcd {}\nprotocol {}\n", BCD_VERSION, proto::kProtocolVersion.ToString());
+  fmt::print(env.out, "bcd {}\nprotocol {}\n", bcd::Version(), proto::kProtocolVersion.ToString());
   for (proto::Mode mode : kModes) {
     std::vector<std::string> capabilities = AllCapabilities(*MakeMode(mode), websocket);
     fmt::print(env.out, "capabilities ({}): {}{}\n", proto::ModeName(mode),
@@ -317,9 +327,11 @@ class SystemdLoop {
     if (systemd_) thread_ = std::thread([this] { Loop(); });
   }
   ~SystemdLoop() { Stopping(); }
-  void Stopping() {
+  // `handing_over`: the process re-executes into another binary (daemon.upgrade) and stays the
+  // service's main process, so systemd is not told it stops.
+  void Stopping(bool handing_over = false) {
     if (!thread_.joinable()) return;
-    systemd_->Notify("STOPPING=1");
+    systemd_->Notify(handing_over ? "STATUS=re-executing after an upgrade" : "STOPPING=1");
     {
       MutexLock lock(mu_);
       finished_ = true;
@@ -362,6 +374,105 @@ class SystemdLoop {
   std::thread thread_;
 };
 
+std::vector<char*> ArgvOf(const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  return argv;
+}
+
+// After a daemon.upgrade: the guard (the previous binary, which does not depend on the new one
+// working) is started beside this process, and this process becomes the installed binary. Returns
+// only when the exec failed.
+int Reexecute(const ExecRequest& request, const CliEnv& env, Logger& log) {
+  std::vector<std::string> args = request.argv.empty() ? env.argv : request.argv;
+  if (args.empty()) args.push_back(request.binary.string());
+  if (request.guard) {
+    upgrade::Layout layout{.binary = request.binary, .state_dir = request.state_dir};
+    std::vector<std::string> guard = {layout.previous().string(),
+                                      "upgrade-guard",
+                                      "--binary",
+                                      request.binary.string(),
+                                      "--state-dir",
+                                      request.state_dir.string(),
+                                      "--pid",
+                                      std::to_string(getpid()),
+                                      "--"};
+    guard.insert(guard.end(), args.begin(), args.end());
+    std::vector<char*> argv = ArgvOf(guard);
+    pid_t pid = 0;
+    if (int error = posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ);
+        error != 0) {
+      // The new version's own trial timer still rolls back; the guard only adds a second way.
+      log.Warn("upgrade.guard_failed", {{"error", std::strerror(error)}});
+    }
+  }
+  log.Info("upgrade.exec", {{"binary", request.binary.string()}});
+  std::vector<char*> argv = ArgvOf(args);
+  execv(request.binary.c_str(), argv.data());
+  fmt::print(env.err, "bcd: cannot execute {}: {}\n", request.binary.string(),
+             std::strerror(errno));
+  return kExitOther;
+}
+
+// bcd upgrade-recover: the unit's ExecStartPre, run with the previous binary.
+int UpgradeRecover(const Flags& flags, const CliEnv& env) {
+  if (!flags.rest.empty()) {
+    fmt::print(env.err, "bcd upgrade-recover: unknown option \"{}\"\n", flags.rest.front());
+    return kExitUsage;
+  }
+  std::optional<Config> config = LoadConfig(flags, env);
+  if (!config) return kExitUsage;
+  std::string binary = env.binary.string();
+  if (binary.ends_with(".previous")) binary.resize(binary.size() - 9);
+  if (binary.empty()) {
+    fmt::print(env.err, "bcd upgrade-recover: the path of this binary is unknown\n");
+    return kExitOther;
+  }
+  absl::StatusOr<std::string> done =
+      upgrade::Recover({.binary = binary, .state_dir = config->state_dir()});
+  if (!done.ok()) {
+    fmt::print(env.err, "bcd upgrade-recover: {}\n", ToStd(done.status().message()));
+    return kExitOther;
+  }
+  fmt::print(env.out, "bcd upgrade-recover: {}\n", *done);
+  return kExitOk;
+}
+
+// bcd upgrade-guard: started by Reexecute, never by people.
+int UpgradeGuard(const Flags& flags, const CliEnv& env) {
+  upgrade::GuardOptions options;
+  const std::vector<std::string>& rest = flags.rest;
+  std::size_t i = 0;
+  for (; i < rest.size(); ++i) {
+    if (rest[i] == "--") {
+      ++i;
+      break;
+    }
+    if (i + 1 >= rest.size()) break;
+    if (rest[i] == "--binary") {
+      options.layout.binary = rest[++i];
+    } else if (rest[i] == "--state-dir") {
+      options.layout.state_dir = rest[++i];
+    } else if (rest[i] == "--pid") {
+      options.main = static_cast<pid_t>(std::atoi(rest[++i].c_str()));
+    } else {
+      break;
+    }
+  }
+  options.restart.assign(rest.begin() + static_cast<std::ptrdiff_t>(i), rest.end());
+  if (options.layout.binary.empty() || options.layout.state_dir.empty() || options.main <= 1) {
+    fmt::print(env.err, "usage: bcd upgrade-guard --binary B --state-dir D --pid P -- ARGV...\n");
+    return kExitUsage;
+  }
+  options.supervised = std::getenv("INVOCATION_ID") != nullptr;  // systemd restarts the service
+  options.now = [&env] { return static_cast<int64_t>(env.now()); };
+  options.say = [&env](const std::string& line) {
+    fmt::print(env.err, "bcd upgrade-guard: {}\n", line);
+  };
+  return upgrade::RunGuard(options);
+}
+
 // Runs a mode in the foreground until SIGTERM or SIGINT.
 int RunMode(const Flags& flags, const CliEnv& env, proto::Mode mode) {
   if (!flags.rest.empty()) {
@@ -393,7 +504,10 @@ int RunMode(const Flags& flags, const CliEnv& env, proto::Mode mode) {
       Agent::Create(*config, MakeMode(mode),
                     {.now = [&env] { return static_cast<int64_t>(env.now()); },
                      .uniform01 = [&] { return uniform(rng); },
-                     .log = &log});
+                     .log = &log,
+                     .binary = env.binary,
+                     .machine = env.architecture,
+                     .argv = env.argv});
   if (!daemon.ok()) {
     pthread_sigmask(SIG_SETMASK, &previous, nullptr);  // a caller in the same process (tests)
     fmt::print(env.err, "bcd {}: {}\n", proto::ModeName(mode), ToStd(daemon.status().message()));
@@ -410,9 +524,15 @@ int RunMode(const Flags& flags, const CliEnv& env, proto::Mode mode) {
   });
   SystemdLoop systemd(SystemdNotifier::FromEnvironment(transport::ProcessEnv), daemon->get());
   absl::Status status = (*daemon)->Run();
-  systemd.Stopping();
+  std::optional<ExecRequest> exec = (*daemon)->exec_request();
+  systemd.Stopping(/*handing_over=*/exec.has_value());
   pthread_kill(waiter.native_handle(), SIGUSR1);
   waiter.join();
+  if (exec) {
+    daemon->reset();  // every part closed and the state dir unlocked before the next binary
+    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+    return Reexecute(*exec, env, log);
+  }
   if (status.ok()) return kExitOk;
   fmt::print(env.err, "bcd {}: {}\n", proto::ModeName(mode), ToStd(status.message()));
   return kExitIdentityGone;
@@ -449,6 +569,10 @@ int Status(Flags flags, const CliEnv& env) {
       return kExitOther;
     }
     status = *std::move(stored);
+    std::string binary = env.binary.string();  // the binary installed is the one asked
+    if (binary.ends_with(".previous")) binary.resize(binary.size() - 9);
+    status["upgrade"] =
+        upgrade::UpgradeStatus({.binary = binary, .state_dir = config->state_dir()});
     status["daemon"] = {{"running", false}, {"socket", socket.string()}};
     status["session"] = nullptr;
   }
@@ -464,8 +588,12 @@ int RunCli(const std::vector<std::string>& args, const CliEnv& env) {
     return args.empty() ? kExitUsage : kExitOk;
   }
   if (args[0] == "--version") {  // what help2man and people expect; `bcd version` says more
-    fmt::print(env.out, "bcd {}\n", BCD_VERSION);
+    fmt::print(env.out, "bcd {}\n", bcd::Version());
     return kExitOk;
+  }
+  if (args[0] == "upgrade-guard") {
+    // What follows "--" is the daemon's own command line, --config included: not parsed here.
+    return UpgradeGuard(Flags{.rest = std::vector<std::string>(args.begin() + 1, args.end())}, env);
   }
   const Command* command = FindCommand(args[0]);
   if (command == nullptr) {
@@ -486,6 +614,7 @@ int RunCli(const std::vector<std::string>& args, const CliEnv& env) {
   if (command->name == "site") return RunMode(*flags, env, proto::Mode::kSite);
   if (command->name == "ramdisk") return RunMode(*flags, env, proto::Mode::kRamdisk);
   if (command->name == "install-script") return InstallScript(*flags, env);
+  if (command->name == "upgrade-recover") return UpgradeRecover(*flags, env);
   if (!command->arrives.empty()) {
     fmt::print(env.err, "bcd {}: not implemented yet in this build (comes with {})\n",
                command->name, command->arrives);

@@ -35,6 +35,11 @@ struct CliEnv {
   std::function<uint64_t()> now;  // unix seconds
   std::function<void(std::chrono::seconds)> sleep;
   std::filesystem::path default_config{"/etc/bcd/config.toml"};
+  // The whole command line (argv[0] included), to re-execute with after a daemon.upgrade.
+  std::vector<std::string> argv;
+  // The binary this process runs (/proc/self/exe at start), which daemon.upgrade replaces; empty
+  // when unknown (tests), and then daemon.upgrade is refused.
+  std::filesystem::path binary;
 };
 
 // args excludes the program name.

@@ -3,6 +3,7 @@
 #include <sys/utsname.h>
 
 #include <ctime>
+#include <filesystem>
 #include <iostream>
 #include <thread>
 
@@ -25,6 +26,11 @@ int main(int argc, char** argv) {
       .now = [] { return static_cast<uint64_t>(std::time(nullptr)); },
       .sleep = [](std::chrono::seconds delay) { std::this_thread::sleep_for(delay); },
       .default_config = "/etc/bcd/config.toml",
+      .argv = std::vector<std::string>(argv, argv + argc),
   };
+  // Read before anything can rename it: after an upgrade's swap this process's executable is
+  // the kept previous binary, and the path is what the new one is installed at.
+  std::error_code ec;
+  env.binary = std::filesystem::read_symlink("/proc/self/exe", ec);
   return bcd::RunCli(std::vector<std::string>(argv + 1, argv + argc), env);
 }

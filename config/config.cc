@@ -291,7 +291,35 @@ class ConfigParser {
                   }
                 }
               }},
+             {"trial_seconds",
+              [&](const toml::node& n, const std::string& k) {
+                if (auto v = Bounded(n, k, 5, 3600)) config->update_.trial_seconds = *v;
+              }},
+             {"max_bytes",
+              [&](const toml::node& n, const std::string& k) {
+                if (auto v = Bounded(n, k, 1 << 20, int64_t{1} << 32))
+                  config->update_.max_bytes = *v;
+              }},
+             {"keep_free_bytes",
+              [&](const toml::node& n, const std::string& k) {
+                if (auto v = Bounded(n, k, 0, int64_t{1} << 40))
+                  config->update_.keep_free_bytes = *v;
+              }},
          });
+  }
+
+  // An integer in [min, max], or an error saying so.
+  std::optional<int64_t> Bounded(const toml::node& n, const std::string& k, int64_t min,
+                                 int64_t max) {
+    const auto* value = n.as_integer();
+    if (!value) {
+      Error(n, k, fmt::format("expected an integer, got {}", TypeName(n)));
+    } else if (value->get() < min || value->get() > max) {
+      Error(n, k, fmt::format("expected {} to {}, got {}", min, max, value->get()));
+    } else {
+      return value->get();
+    }
+    return std::nullopt;
   }
 
   // "IP:PORT": an IPv4 address or a bracketed IPv6 one, and a port (0, any free one, when

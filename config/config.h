@@ -45,6 +45,14 @@ class Config {
   LogFormat log_format() const { return log_format_; }
   const std::optional<WebSocketConfig>& websocket() const { return websocket_; }
   const std::vector<ReleaseKey>& release_keys() const { return release_keys_; }
+  // [update] beyond the keys: how long a new version has to be welcomed, the most a release may
+  // weigh, and the room a download must leave on the binary's filesystem.
+  struct Update {
+    int64_t trial_seconds = 120;
+    int64_t max_bytes = int64_t{512} << 20;
+    int64_t keep_free_bytes = int64_t{64} << 20;
+  };
+  const Update& update() const { return update_; }
   const std::optional<ListenAddress>& imds_listen() const { return imds_listen_; }
   // [diag] listen: where /metrics, /healthz and /readyz are served; unset (the default) serves
   // none.
@@ -78,6 +86,7 @@ class Config {
   LogFormat log_format_ = LogFormat::kLogfmt;
   std::optional<WebSocketConfig> websocket_;
   std::vector<ReleaseKey> release_keys_;
+  Update update_;
   std::optional<ListenAddress> imds_listen_;
   std::optional<ListenAddress> diag_listen_;
   std::vector<std::string> reboot_command_{"systemctl", "reboot"};

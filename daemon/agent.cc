@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "base/files.h"
 #include "base/mutex.h"
+#include "base/version.h"
 #include "daemon/control.h"
 #include "daemon/diag.h"
 #include "daemon/dispatch/desired.h"
@@ -17,6 +18,7 @@
 #include "daemon/liveness.h"
 #include "daemon/secrets/secrets.h"
 #include "daemon/tunnels/tunnels.h"
+#include "daemon/upgrade/upgrader.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
 #include "pki/jwt.h"
@@ -47,11 +49,11 @@ absl::Status ApplyDaemonSection(const bettercompute::agent::v1::DaemonSection& s
   }
   if (level && log != nullptr) log->set_level(*level);
   engine->set_status_interval(interval != 0 ? std::chrono::seconds(interval) : default_interval);
-  if (!section.desired_version().empty() && section.desired_version() != BCD_VERSION) {
+  if (!section.desired_version().empty() && section.desired_version() != Version()) {
     return absl::FailedPreconditionError(
         fmt::format("desired_version {} differs from this daemon's {}: it comes with a "
                     "daemon.upgrade command",
-                    section.desired_version(), BCD_VERSION));
+                    section.desired_version(), Version()));
   }
   return absl::OkStatus();
 }
@@ -289,6 +291,48 @@ absl::Status Agent::StartDispatch(const AgentEnv& env, const Mode& mode, const J
   return absl::OkStatus();
 }
 
+absl::Status Agent::StartUpgrades(const Config& config, const AgentEnv& env, const Joined& joined) {
+  auto upgrader = std::make_unique<upgrade::Upgrader>(upgrade::UpgraderOptions{
+      .layout = {.binary = env.binary, .state_dir = joined.dir.path()},
+      .pins = config.release_keys(),
+      .os_arch = upgrade::OsArch(env.machine),
+      .running = std::string(Version()),
+      .limits = config.update(),
+      .download = [](const DownloadRequest& request) { return HttpGetToFile(request); },
+      .now = env.now,
+      .log = env.log,
+      .restart =
+          [this](bool guard, const std::filesystem::path& binary,
+                 const std::vector<std::string>& argv) {
+            {
+              MutexLock lock(exec_mu_);
+              exec_ = ExecRequest{
+                  .binary = binary, .state_dir = state_dir_, .guard = guard, .argv = argv};
+            }
+            engine_->Stop();
+          },
+      .event =
+          [this](bettercompute::agent::v1::Severity severity, const std::string& kind,
+                 const std::string& message, const std::map<std::string, std::string>& attributes) {
+            (void)engine_->Emit(severity, kind, message, attributes);
+          },
+      .resolve =
+          [this](const bettercompute::agent::v1::CommandUpdate& update) {
+            dispatcher_->Resolve(update);
+          },
+      .welcomed =
+          [this](std::chrono::milliseconds timeout) {
+            return engine_->WaitUntil(
+                [](const SessionSnapshot& s) { return s.state == "connected" && s.welcomes > 0; },
+                timeout);
+          },
+      .last_error = [this] { return engine_->Snapshot().last_error; },
+      .argv = env.argv});
+  upgrader_binary_ = env.binary;
+  upgrader_ = upgrader.get();
+  return dispatcher_->Register("daemon.upgrade", std::move(upgrader));
+}
+
 absl::Status Agent::StartDesiredState(const Config& config, const AgentEnv& env,
                                       const Joined& joined) {
   absl::StatusOr<std::unique_ptr<DesiredState>> desired =
@@ -377,6 +421,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const Config& config,
   }
   if (absl::Status s = agent->StartDispatch(env, *mode, *joined); !s.ok()) return s;
   if (absl::Status s = agent->StartDesiredState(config, env, *joined); !s.ok()) return s;
+  if (absl::Status s = agent->StartUpgrades(config, env, *joined); !s.ok()) return s;
   if (!config.websocket()) {  // tunnels ride gRPC only
     if (absl::Status s = agent->StartTunnels(config, env, *mode, *joined); !s.ok()) return s;
   }
@@ -400,7 +445,7 @@ absl::Status Agent::StartDiagnostics(const Config& config, const AgentEnv& env) 
                    });
   metrics_
       .Gauge("bcd_build_info", "1, labelled with the version and mode running", {"version", "mode"})
-      .Set({BCD_VERSION, proto::ModeName(mode_->id())}, 1);
+      .Set({Version(), proto::ModeName(mode_->id())}, 1);
   metrics_.Collect("bcd_certificate_seconds_left",
                    "Seconds until the node certificate expires (negative once it has)",
                    MetricType::kGauge, {}, [this] {
@@ -431,6 +476,7 @@ absl::Status Agent::StartDiagnostics(const Config& config, const AgentEnv& env) 
 Agent::~Agent() {
   diag_.reset();  // nothing asks the parts below for figures any more
   liveness_.reset();
+  if (upgrader_ != nullptr) upgrader_->Stop();
   dispatcher_.reset();  // its lanes report through the engine: stop them first
   if (mode_) mode_->Detach();
 }
@@ -438,6 +484,11 @@ Agent::~Agent() {
 absl::Status Agent::Healthy() const { return liveness_->Check(); }
 
 uint16_t Agent::diag_port() const { return diag_ ? diag_->port() : 0; }
+
+std::optional<ExecRequest> Agent::exec_request() const {
+  MutexLock lock(exec_mu_);
+  return exec_;
+}
 
 absl::Status Agent::Ready() const {
   SessionSnapshot s = engine_->Snapshot();
@@ -457,9 +508,10 @@ std::string Agent::StatusJson() const {
   absl::StatusOr<nlohmann::json> status = StateDirStatus(state_dir_, now_());
   nlohmann::json doc =
       status.ok() ? *status
-                  : nlohmann::json{{"version", BCD_VERSION},
+                  : nlohmann::json{{"version", Version()},
                                    {"state_dir", state_dir_.string()},
                                    {"node", {{"error", ToStd(status.status().message())}}}};
+  doc["upgrade"] = upgrade::UpgradeStatus({.binary = upgrader_binary_, .state_dir = state_dir_});
   doc["daemon"] = {{"running", true},          {"mode", proto::ModeName(mode_->id())},
                    {"pid", getpid()},          {"socket", (state_dir_ / "bcd.sock").string()},
                    {"diag_port", diag_port()}, {"healthy", Healthy().ok()}};
@@ -486,7 +538,23 @@ absl::Status Agent::Run() {
   if (absl::StatusOr<int> found = results_->Reconcile(outbox_->pending(), now_()); !found.ok()) {
     return found.status();
   }
-  dispatcher_->ReportInterrupted();
+  // An upgrade under way: the new version on trial claims its command; a rollback hands over to the
+  // restored binary before anything dials.
+  absl::StatusOr<upgrade::Upgrader::Resumed> resumed = upgrader_->Resume();
+  if (!resumed.ok()) {
+    log_->Error("upgrade.resume_failed",
+                {{"error", std::string(ToStd(resumed.status().message()))}});
+    resumed = upgrade::Upgrader::Resumed{};
+  }
+  if (resumed->restart) {
+    MutexLock lock(exec_mu_);
+    exec_ = ExecRequest{
+        .binary = resumed->binary, .state_dir = state_dir_, .guard = false, .argv = resumed->argv};
+    return absl::OkStatus();
+  }
+  std::set<std::string> claimed;
+  if (resumed->claimed) claimed.insert(*resumed->claimed);
+  dispatcher_->ReportInterrupted(claimed);
   renewer_->Start();
   absl::Status status = engine_->Run();
   renewer_->Stop();

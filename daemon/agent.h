@@ -28,6 +28,9 @@
 #include "transport/proxy.h"
 
 namespace bcd {
+namespace upgrade {
+class Upgrader;
+}
 
 struct AgentEnv {
   UnixClock now;
@@ -42,6 +45,23 @@ struct AgentEnv {
   transport::EnvLookup proxy_env = transport::ProcessEnv;
   // How often the liveness check probes the engine's locks (Liveness).
   std::chrono::milliseconds liveness_period = std::chrono::seconds(5);
+  // The installed binary this process runs, which daemon.upgrade replaces (main reads it from
+  // /proc/self/exe at start); empty: daemon.upgrade is refused (tests running the engine
+  // in-process).
+  std::filesystem::path binary;
+  // uname's machine ("x86_64"), for the os/arch a release must be signed for.
+  std::string machine;
+  // The command line this process runs with, kept by an upgrade for its rollback.
+  std::vector<std::string> argv;
+};
+
+// What main does once Run returns after a daemon.upgrade swapped the binary (or rolled it back):
+// re-execute `binary` in place, with the upgrade guard beside it when `guard`.
+struct ExecRequest {
+  std::filesystem::path binary;
+  std::filesystem::path state_dir;
+  bool guard = false;
+  std::vector<std::string> argv;  // empty: this process's command line
 };
 
 class Agent {
@@ -84,6 +104,8 @@ class Agent {
   Metrics& metrics() { return metrics_; }
   // The diagnostics listener's port, 0 when [diag] is not configured.
   uint16_t diag_port() const;
+  // Set when Run returned to hand over to another binary (daemon.upgrade).
+  std::optional<ExecRequest> exec_request() const;
   ~Agent();
 
  private:
@@ -98,6 +120,8 @@ class Agent {
   absl::Status StartTunnels(const Config& config, const AgentEnv& env, const Mode& mode,
                             const Joined& joined);
   absl::Status AttachMode(const Config& config, const AgentEnv& env, const Joined& joined);
+  // daemon.upgrade, which the engine runs whatever the mode.
+  absl::Status StartUpgrades(const Config& config, const AgentEnv& env, const Joined& joined);
   // The process's and the agent's own figures, the liveness check and the diagnostics listener.
   absl::Status StartDiagnostics(const Config& config, const AgentEnv& env);
 
@@ -115,12 +139,16 @@ class Agent {
   std::unique_ptr<class TunnelRunner> tunnels_;
   std::unique_ptr<Mode> mode_;  // detached before the parts above go away
   std::unique_ptr<class Liveness> liveness_;
-  std::unique_ptr<class DiagServer> diag_;         // stopped first
+  std::unique_ptr<class DiagServer> diag_;       // stopped first
+  class upgrade::Upgrader* upgrader_ = nullptr;  // owned by the dispatcher
+  mutable Mutex exec_mu_;
+  std::optional<ExecRequest> exec_ ABSL_GUARDED_BY(exec_mu_);
   std::atomic<int64_t> certificate_not_after_{0};  // of the current certificate
   Mutex key_mu_;
   std::optional<pki::PrivateKey> node_key_ ABSL_GUARDED_BY(key_mu_);  // replaced at each renewal
   std::filesystem::path state_dir_;
-  std::string transport_name_ = "grpc";  // or "websocket"
+  std::filesystem::path upgrader_binary_;  // AgentEnv::binary
+  std::string transport_name_ = "grpc";    // or "websocket"
   UnixClock now_;
   Logger* log_ = nullptr;
 };

@@ -160,4 +160,20 @@ std::string DevPki::Manifest(const std::string& batch_id, const std::string& kin
   return manifest.SerializeAsString();
 }
 
+bettercompute::agent::v1::DaemonUpgradePayload DevPki::SignRelease(const pki::PrivateKey& key,
+                                                                   const std::string& version,
+                                                                   const std::string& os_arch,
+                                                                   std::string_view binary,
+                                                                   const std::string& url) {
+  bettercompute::agent::v1::DaemonUpgradePayload payload;
+  std::string sha256 = pki::Sha256(binary);
+  payload.set_version(version);
+  payload.set_url(url);
+  payload.set_sha256(sha256);
+  payload.set_signature(*key.SignEs256(proto::ReleaseSigningInput(version, os_arch, sha256)));
+  payload.set_release_key_spki(key.Public().SpkiDer());
+  payload.set_release_key(pki::Hex(key.Public().SpkiSha256()));
+  return payload;
+}
+
 }  // namespace bcd::testing

@@ -69,6 +69,14 @@ class DevPki {
       uint64_t epoch, uint32_t unbatched_per_hour = 0,
       const std::vector<std::pair<uint32_t, uint32_t>>& tiers = {}) const;
 
+  // A daemon.upgrade payload for the release `binary` (its bytes) at `url`, signed by `key` for
+  // `os_arch` (wire.md "Releases"), with the key's SPKI and its pin.
+  static bettercompute::agent::v1::DaemonUpgradePayload SignRelease(const pki::PrivateKey& key,
+                                                                    const std::string& version,
+                                                                    const std::string& os_arch,
+                                                                    std::string_view binary,
+                                                                    const std::string& url);
+
   // Adds the approval of `approvers[i]` (kid "a<i>") for each i in `which`: over sha256 of the
   // batch manifest when the command carries one, else over sha256 of its body.
   static void Approve(bettercompute::agent::v1::SignedCommand* command,

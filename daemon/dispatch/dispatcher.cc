@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 
+#include "absl/strings/cord.h"
 #include "base/mutex.h"
 #include "fmt/format.h"
 #include "google/protobuf/descriptor.h"
@@ -165,18 +166,38 @@ void Dispatcher::Conclude(const v1::CommandUpdate& update, const std::string& bo
   hooks_.update(update);
 }
 
+void Dispatcher::Resolve(const v1::CommandUpdate& terminal) {
+  {
+    MutexLock lock(mu_);
+    if (results_->Lookup(terminal.command_id())) return;  // answered already
+  }
+  std::string kind;
+  {
+    MutexLock lock(mu_);
+    if (auto it = results_->running().find(terminal.command_id()); it != results_->running().end())
+      kind = it->second;
+  }
+  log_->Info("command.done", {{"command_id", terminal.command_id()},
+                              {"state", v1::CommandState_Name(terminal.state())}});
+  if (!kind.empty()) {
+    commands_->Add({kind, EnumLabel(v1::CommandState_Name(terminal.state()), "COMMAND_STATE_")});
+  }
+  Conclude(terminal, "");
+}
+
 std::size_t Dispatcher::InHand() const {
   MutexLock lock(mu_);
   return active_.size();
 }
 
-void Dispatcher::ReportInterrupted() {
+void Dispatcher::ReportInterrupted(const std::set<std::string>& claimed) {
   std::map<std::string, std::string> interrupted;
   {
     MutexLock lock(mu_);
     interrupted = results_->running();
   }
   for (const auto& [id, kind] : interrupted) {
+    if (claimed.contains(id)) continue;  // its handler reports it (daemon.upgrade)
     const proto::KindSpec* spec = proto::FindKind(kind);
     if (spec != nullptr && spec->Has(proto::kIdempotent))
       continue;  // may run again when redelivered
@@ -219,6 +240,20 @@ absl::Status CheckLifetime(const v1::Command& command, int64_t now) {
 }
 
 }  // namespace
+
+namespace {
+constexpr std::string_view kHandedOver = "bcd.handed_over";
+}
+
+absl::Status HandedOver(std::string_view why) {
+  absl::Status status = absl::AbortedError(ToAbsl(why));
+  status.SetPayload(ToAbsl(kHandedOver), absl::Cord("1"));
+  return status;
+}
+
+bool IsHandedOver(const absl::Status& status) {
+  return status.GetPayload(ToAbsl(kHandedOver)).has_value();
+}
 
 bool IsCommandId(std::string_view id) {
   if (id.empty() || id.size() > kMaxCommandIdBytes ||
@@ -290,6 +325,10 @@ Dispatcher::Step Dispatcher::Remembered(Admission& a) {
     if (auto it = active_.find(id); it != active_.end()) {
       in_hand = true;
       same = it->second->body == a.signed_command.body();
+    } else if (results_->Running(id)) {
+      // Left running by a previous process and reported by its handler (a daemon.upgrade on
+      // trial): a redelivery waits for that report.
+      in_hand = same = true;
     }
   }
   if (done && !done->body_sha256.empty() && done->body_sha256 != a.body_sha256) {
@@ -392,7 +431,10 @@ Dispatcher::Step Dispatcher::Payload(Admission& a) {
     return Stop{v1::COMMAND_CODE_INVALID_PAYLOAD, std::string(ToStd(s.message()))};
   }
   if (absl::Status s = a.handler->Validate(command, *a.job->payload); !s.ok()) {
-    return Stop{v1::COMMAND_CODE_INVALID_PAYLOAD, std::string(ToStd(s.message()))};
+    // Unimplemented: this node cannot take the kind as configured (daemon.upgrade without keys).
+    return Stop{s.code() == absl::StatusCode::kUnimplemented ? v1::COMMAND_CODE_UNSUPPORTED
+                                                             : v1::COMMAND_CODE_INVALID_PAYLOAD,
+                std::string(ToStd(s.message()))};
   }
   a.job->lane_key = a.handler->LaneKey(command, *a.job->payload);
   return std::nullopt;
@@ -527,6 +569,16 @@ void Dispatcher::LaneLoop(Lane* lane) {
     hooks_.update(Update(job->command.command_id(), v1::COMMAND_STATE_RUNNING));
     absl::StatusOr<std::string> result =
         handlers_.at(job->command.kind())->Run(job->command, *job->payload, job->stop);
+    if (!result.ok() && IsHandedOver(result.status())) {
+      // Still running: the process that comes next reports it.
+      log_->Info("command.handed_over", {{"command_id", job->command.command_id()},
+                                         {"why", std::string(ToStd(result.status().message()))}});
+      lock.lock();
+      active_.erase(job->command.command_id());
+      lane->running_keys.erase(job->lane_key);
+      cv_.notify_all();
+      continue;
+    }
     lock.lock();
     bool timed_out = job->timed_out;
     std::string cancelled = job->cancel_reason;

@@ -134,6 +134,12 @@ struct DispatcherHooks {
   Metrics* metrics = nullptr;
 };
 
+// What a handler returns when the process is about to be replaced and the command goes on in the
+// next one (daemon.upgrade re-executing bcd): the command stays marked running, unreported, for
+// the next process to report (Dispatcher::ReportInterrupted's `claimed`, Dispatcher::Resolve).
+absl::Status HandedOver(std::string_view why);
+bool IsHandedOver(const absl::Status& status);
+
 // Tolerated difference between the control plane's clock and this node's, for issued_at.
 inline constexpr int64_t kCommandClockSkew = 300;
 inline constexpr std::size_t kMaxCommandIdBytes = 128;
@@ -161,7 +167,12 @@ class Dispatcher {
   std::vector<std::string> Unhandled() const;
   // Reports every command a previous run left running as FAILED (interrupted), unless its kind is
   // idempotent; those run again when redelivered.
-  void ReportInterrupted();
+  // `claimed`: ids whose handler reports them itself (a daemon.upgrade on trial across the
+  // restart): left running, and a redelivery of one is not run again.
+  void ReportInterrupted(const std::set<std::string>& claimed = {});
+  // Concludes a command a previous process left running (the daemon.upgrade the new version
+  // confirms, or the old one reports rolled back): sent through the outbox and remembered, once.
+  void Resolve(const bettercompute::agent::v1::CommandUpdate& terminal);
   // `signed_only`: the session is one where every command must carry a valid signature whatever
   // its kind (WebSocket through a proxy that strips client certificates).
   void Submit(const bettercompute::agent::v1::SignedCommand& signed_command,

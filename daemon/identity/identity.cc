@@ -10,6 +10,7 @@
 #include <ctime>
 
 #include "base/files.h"
+#include "base/version.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
 #include "pki/files.h"
@@ -172,7 +173,7 @@ absl::Status StateDir::SaveTrust(const pki::TrustState& trust) const {
 
 absl::StatusOr<nlohmann::json> StateDirStatus(const std::filesystem::path& state_dir, int64_t now) {
   StateDir dir(state_dir);  // as it is: status creates and changes nothing
-  nlohmann::json status = {{"version", BCD_VERSION}, {"state_dir", state_dir.string()}};
+  nlohmann::json status = {{"version", Version()}, {"state_dir", state_dir.string()}};
   struct stat st {};
   if (stat(dir.IdentityPath().c_str(), &st) != 0) {
     if (errno == EACCES) {
@@ -230,11 +231,11 @@ std::string StatusText(const nlohmann::json& status) {
     return value.is_string() ? value.get<std::string>() : value.dump();
   };
   const nlohmann::json& node = status.value("node", nlohmann::json::object());
-  std::string text;
+  std::string text = fmt::format("version: {}\n", get(status, "version"));
   if (node.contains("error")) {
-    text = fmt::format("node: {}\n", get(node, "error"));
+    text += fmt::format("node: {}\n", get(node, "error"));
   } else {
-    text = fmt::format("node: {}\ngeneration: {}\n", get(node, "id"), get(node, "generation"));
+    text += fmt::format("node: {}\ngeneration: {}\n", get(node, "id"), get(node, "generation"));
     const nlohmann::json& cert = status.value("certificate", nlohmann::json::object());
     text += fmt::format("certificate expires: {} ({})\n", get(cert, "not_after_utc"),
                         cert.value("expired", false)
@@ -248,6 +249,20 @@ std::string StatusText(const nlohmann::json& status) {
       text += fmt::format("trust version: {}\napprover set: epoch {}, sha256 {}\n",
                           get(trust, "version"), get(set, "epoch"), get(set, "sha256"));
     }
+  }
+  const nlohmann::json& upgrade = status.value("upgrade", nlohmann::json::object());
+  if (upgrade.is_object() && upgrade.contains("previous_binary") &&
+      upgrade["previous_binary"].is_string()) {
+    text += fmt::format("previous binary kept: {}\n", get(upgrade, "previous_binary"));
+  }
+  if (const nlohmann::json& last = upgrade.value("last", nlohmann::json()); last.is_object()) {
+    std::string reason = last.value("reason", "");
+    text += fmt::format("last upgrade: {} -> {} {}{}\n", get(last, "from"), get(last, "to"),
+                        get(last, "outcome"), reason.empty() ? "" : " (" + reason + ")");
+  }
+  if (const nlohmann::json& now = upgrade.value("under_way", nlohmann::json()); now.is_object()) {
+    text += fmt::format("upgrade under way: {} -> {} ({})\n", get(now, "from"), get(now, "to"),
+                        get(now, "stage"));
   }
   const nlohmann::json& daemon = status.value("daemon", nlohmann::json::object());
   if (!daemon.value("running", false)) {

@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "base/version.h"
 #include "bettercompute/common/v1/common.pb.h"
 #include "fmt/format.h"
 #include "google/protobuf/util/json_util.h"
@@ -37,7 +38,7 @@ Result RunBcd(std::vector<std::string> args, const std::filesystem::path& root =
 TEST(Cli, VersionPrintsVersionProtocolRangeAndCapabilities) {
   Result r = RunBcd({"version"});
   EXPECT_EQ(r.code, kExitOk);
-  EXPECT_EQ(r.out, std::string("bcd ") + BCD_VERSION +
+  EXPECT_EQ(r.out, std::string("bcd ") + std::string(Version()) +
                        "\nprotocol 1..1\n"
                        "capabilities (node): tunnel.shell, tunnel.exec, tunnel.tcp, secrets.jwe, "
                        "spec.daemon, spec.access, tunnel.instance-dial, workload-token\n"
@@ -52,7 +53,7 @@ TEST(Cli, VersionJsonHasStableFields) {
   Result r = RunBcd({"version", "--json"});
   EXPECT_EQ(r.code, kExitOk) << r.err;
   nlohmann::json doc = nlohmann::json::parse(r.out);
-  EXPECT_EQ(doc["version"], BCD_VERSION);
+  EXPECT_EQ(doc["version"], Version());
   EXPECT_EQ(doc["protocol"]["min"], 1);
   EXPECT_EQ(doc["protocol"]["max"], 1);
   EXPECT_EQ(doc["transport"], "grpc");
@@ -61,7 +62,7 @@ TEST(Cli, VersionJsonHasStableFields) {
                                    "spec.daemon", "spec.access"}));
   EXPECT_TRUE(doc["capabilities"]["node"].is_array());
   EXPECT_TRUE(doc["capabilities"]["ramdisk"].is_array());
-  EXPECT_EQ(RunBcd({"--version"}).out, std::string("bcd ") + BCD_VERSION + "\n");
+  EXPECT_EQ(RunBcd({"--version"}).out, std::string("bcd ") + std::string(Version()) + "\n");
   EXPECT_EQ(RunBcd({"version", "--jsn"}).code, kExitUsage);
 }
 
@@ -80,9 +81,9 @@ TEST(Cli, StatusJsonWithoutADaemonSaysWhatTheStateDirHolds) {
   EXPECT_TRUE(doc["session"].is_null());
   EXPECT_EQ(doc["state_dir"], (dir.path() / "state").string());
   Result text = RunBcd({"status", "--config", config});
-  EXPECT_EQ(text.out, fmt::format("node: not joined (no identity in {})\nsession: not running (no "
-                                  "daemon answers on {})\n",
-                                  (dir.path() / "state").string(),
+  EXPECT_EQ(text.out, fmt::format("version: {}\nnode: not joined (no identity in {})\nsession: not "
+                                  "running (no daemon answers on {})\n",
+                                  Version(), (dir.path() / "state").string(),
                                   (dir.path() / "state" / "bcd.sock").string()));
 }
 

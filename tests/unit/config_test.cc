@@ -100,6 +100,28 @@ TEST(Config, DiagAndLogFormat) {
   EXPECT_EQ(config->diag_listen()->host, "10.0.0.5");
 }
 
+TEST(Config, UpdateLimits) {
+  absl::StatusOr<Config> config = Config::Parse(Valid(), "c.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->update().trial_seconds, 120);
+  EXPECT_EQ(config->update().max_bytes, int64_t{512} << 20);
+  EXPECT_EQ(config->update().keep_free_bytes, int64_t{64} << 20);
+  config = Config::Parse(
+      Valid() + "[update]\ntrial_seconds = 30\nmax_bytes = 1048576\nkeep_free_bytes = 0\n",
+      "c.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->update().trial_seconds, 30);
+  EXPECT_EQ(config->update().max_bytes, 1048576);
+  EXPECT_EQ(config->update().keep_free_bytes, 0);
+}
+
+TEST(ConfigErrors, UpdateLimits) {
+  EXPECT_EQ(ErrorOf(Valid() + "[update]\ntrial_seconds = 1\n"),
+            "c.toml:4: update.trial_seconds: expected 5 to 3600, got 1");
+  EXPECT_EQ(ErrorOf(Valid() + "[update]\nmax_bytes = \"big\"\n"),
+            "c.toml:4: update.max_bytes: expected an integer, got string");
+}
+
 TEST(ConfigErrors, DiagAndLogFormat) {
   EXPECT_EQ(ErrorOf(Valid() + "[diag]\nlisten = \"0.0.0.0:9464\"\n"),
             "c.toml:4: diag.listen: 0.0.0.0 is not a loopback address: set allow_remote = true "

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/version.h"
 #include "daemon/identity/identity.h"
 #include "fmt/format.h"
 #include "gtest/gtest.h"
@@ -87,9 +88,9 @@ TEST(StateDir, StatusReadsWithoutCreatingOrChangingAnything) {
   std::filesystem::path missing = dir.path() / "missing";
   nlohmann::json status = *StateDirStatus(missing, 0);
   EXPECT_EQ(status["node"]["joined"], false);
-  EXPECT_EQ(StatusText(status), fmt::format("node: not joined (no identity in {})\nsession: not "
-                                            "running (no daemon answers on ?)\n",
-                                            missing.string()));
+  EXPECT_EQ(StatusText(status), fmt::format("version: {}\nnode: not joined (no identity in {})\n"
+                                            "session: not running (no daemon answers on ?)\n",
+                                            Version(), missing.string()));
   EXPECT_FALSE(std::filesystem::exists(missing));
   // `state_dir = "/"` by mistake: status must not make it 0700 (here a stand-in that is 0755).
   std::filesystem::path open = dir.path() / "open";
