@@ -66,8 +66,6 @@ constexpr Command kCommands[] = {
      "roll back an upgrade whose new version stopped during its trial (the unit's ExecStartPre "
      "runs it with the previous binary)",
      ""},
-    {"upgrade-guard", "--binary B --state-dir D --pid P -- ARGV...",
-     "watch a new version through its trial (bcd starts it during an upgrade)", ""},
 };
 
 const Command* FindCommand(std::string_view name) {
@@ -592,7 +590,8 @@ int RunCli(const std::vector<std::string>& args, const CliEnv& env) {
     return kExitOk;
   }
   if (args[0] == "upgrade-guard") {
-    // What follows "--" is the daemon's own command line, --config included: not parsed here.
+    // Started by bcd itself beside a new version on trial (not listed in the help). What follows
+    // "--" is the daemon's own command line, --config included: not parsed here.
     return UpgradeGuard(Flags{.rest = std::vector<std::string>(args.begin() + 1, args.end())}, env);
   }
   const Command* command = FindCommand(args[0]);

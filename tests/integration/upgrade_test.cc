@@ -99,6 +99,10 @@ class Upgrade : public ::testing::Test {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     if (node_ > 0) testing::WaitChild(node_, std::chrono::seconds(10));
+    if (proxy_ > 0) {
+      kill(proxy_, SIGTERM);
+      testing::WaitChild(proxy_, std::chrono::seconds(10));
+    }
     unsetenv("SSL_CERT_FILE");
   }
 
@@ -203,6 +207,7 @@ class Upgrade : public ::testing::Test {
   std::string config_;
   std::string old_sha_;
   pid_t node_ = -1;
+  pid_t proxy_ = -1;
 };
 
 TEST_F(Upgrade, ReplacesItselfAndReportsFromTheNewVersion) {
@@ -257,6 +262,34 @@ TEST_F(Upgrade, ReplacesItselfAndReportsFromTheNewVersion) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_NE(Shell("pgrep -f '[u]pgrade-guard --binary " + binary().string() + "'"), 0);
+}
+
+// The release comes through the proxy the environment names (Debian's tinyproxy; the session goes
+// through it too, as gRPC reads the same variable).
+TEST_F(Upgrade, DownloadsThroughTheEnvironmentsProxy) {
+  Install(PinnedUpdate("trial_seconds = 30\n"));
+  int port = testing::FreeLoopbackPort();
+  std::filesystem::path log = dir_.path() / "tinyproxy.log";
+  std::ofstream(dir_.path() / "tinyproxy.conf")
+      << "Port " << port << "\nListen 127.0.0.1\nTimeout 600\nAllow 127.0.0.1\nConnectPort "
+      << releases_->port() << "\nConnectPort " << gateway_->port()
+      << "\nMaxClients 20\nLogLevel Connect\nLogFile \"" << log.string() << "\"\n"
+      << (geteuid() == 0 ? "User nobody\nGroup nogroup\n" : "");
+  std::ofstream(log).close();
+  std::filesystem::permissions(log, std::filesystem::perms::all);
+  std::filesystem::permissions(dir_.path(), std::filesystem::perms::others_exec,
+                               std::filesystem::perm_options::add);
+  proxy_ =
+      testing::SpawnChild({"tinyproxy", "-d", "-c", (dir_.path() / "tinyproxy.conf").string()});
+  ASSERT_TRUE(testing::WaitForLoopbackPort(static_cast<uint16_t>(port)));
+  setenv("https_proxy", ("http://127.0.0.1:" + std::to_string(port)).c_str(), 1);
+  StartNode();
+  unsetenv("https_proxy");
+  json answer = Send(Signed(Release(kNext), kNext));
+  EXPECT_EQ(answer.value("state", ""), "COMMAND_STATE_SUCCEEDED") << answer.dump() << Log();
+  EXPECT_NE(ReadWholeFile(log, 1 << 20)->find("127.0.0.1:" + std::to_string(releases_->port())),
+            std::string::npos)
+      << *ReadWholeFile(log, 1 << 20);
 }
 
 TEST_F(Upgrade, RefusedWithoutPinnedKeys) {
