@@ -188,8 +188,12 @@ PATH=$tmp/bin:$PATH DPKG_ROOT=$tmp/root sh "$tmp/postinst.systemd" configure
 PATH=$tmp/bin:$PATH DPKG_ROOT=$tmp/root sh "$tmp/postinst.systemd" configure 0.0.9
 [ "$(calls)" = "$upgrade" ] || fail "an upgrade ran something else"
 PATH=$tmp/bin:$PATH DPKG_ROOT=$tmp/root sh "$tmp/prerm.systemd" remove
+mkdir -p "$tmp/root/usr/bin"
+touch "$tmp/root/usr/bin/bcd.previous" "$tmp/root/usr/bin/.bcd.download"
 PATH=$tmp/bin:$PATH DPKG_ROOT=$tmp/root sh "$tmp/postrm.systemd" remove
 [ "$(calls)" = "$removal" ] || fail "a removal ran something else"
+[ ! -e "$tmp/root/usr/bin/bcd.previous" ] && [ ! -e "$tmp/root/usr/bin/.bcd.download" ] ||
+  fail "a removal left what daemon.upgrade put beside the binary"
 PATH=$tmp/bin:$PATH DPKG_ROOT=$tmp/root sh "$tmp/postrm.systemd" purge
 [ "$(calls)" = "$purge" ] || fail "a purge ran something else"
 [ ! -e "$tmp/root/var/lib/bcd" ] || fail "purge left /var/lib/bcd"

@@ -38,7 +38,7 @@ _bcd() {
       options+=" --gateway-url --ca-pin --token --role --websocket-url --proxy-ca-file"
       options+=" --release-key --binary-url --binary-sha256 --gateway-server-name"
       ;;
-    node | site | ramdisk | inventory) ;;
+    node | site | ramdisk | inventory | upgrade-recover) ;;
     *) options="" ;;
   esac
   mapfile -t COMPREPLY < <(compgen -W "$options" -- "$cur")
