@@ -100,7 +100,6 @@ void ReleaseServer::Serve(int fd) {
     if (n <= 0) return;
     head.append(buffer, static_cast<std::size_t>(n));
   }
-  ++requests_;
   auto send = [&](const std::string& text) {
     return SSL_write(ssl.get(), text.data(), static_cast<int>(text.size())) > 0;
   };
@@ -124,14 +123,10 @@ void ReleaseServer::Serve(int fd) {
     return;
   }
   while (file && !stopping_) {
-    uint64_t rate = throttle_;
-    std::size_t chunk =
-        rate == 0 ? sizeof buffer : std::min<std::size_t>(sizeof buffer, rate / 10 + 1);
-    file.read(buffer, static_cast<std::streamsize>(chunk));
+    file.read(buffer, sizeof buffer);
     std::streamsize n = file.gcount();
     if (n <= 0) break;
     if (SSL_write(ssl.get(), buffer, static_cast<int>(n)) <= 0) return;
-    if (rate != 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   SSL_shutdown(ssl.get());
 }

@@ -27,9 +27,6 @@ class ReleaseServer {
   std::string Url(const std::string& name) const {
     return "https://127.0.0.1:" + std::to_string(port_) + "/" + name;
   }
-  // Bytes per second each answer is sent at (0: as fast as it goes): a slow server.
-  void Throttle(uint64_t bytes_per_second) { throttle_ = bytes_per_second; }
-  int requests() const { return requests_; }
 
  private:
   ReleaseServer() = default;
@@ -39,8 +36,6 @@ class ReleaseServer {
   ::ssl_ctx_st* context_ = nullptr;
   int listen_fd_ = -1;
   int port_ = 0;
-  std::atomic<uint64_t> throttle_{0};
-  std::atomic<int> requests_{0};
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };
