@@ -167,8 +167,14 @@ TEST(DevStack, AChildOfTheStackInheritsNoneOfItsSockets) {
   std::unique_ptr<testing::DevGateway> gateway = *testing::DevGateway::Start(pki, {});
   pid_t child = bcd::testing::SpawnChild({"sleep", "30"});
   ASSERT_GT(child, 0);
+  // While sleep starts, its loader and setlocale hold a file open for a moment: wait for the set
+  // to settle. An inherited socket never goes away, so the check still fails when one leaks.
   std::set<int> fds;
-  bcd::testing::WaitFor([&] { return !(fds = FdsOf(child)).empty(); }, std::chrono::seconds(1));
+  bcd::testing::WaitFor(
+      [&] {
+        return (fds = FdsOf(child)) == std::set<int>{0, 1, 2};
+      },
+      std::chrono::seconds(5));
   kill(child, SIGKILL);
   bcd::testing::WaitChild(child);
   EXPECT_EQ(fds, (std::set<int>{0, 1, 2}));
