@@ -36,7 +36,8 @@ struct SpawnSetup {
 absl::StatusOr<std::string> RunChild(const std::vector<std::string>& argv,
                                      std::chrono::milliseconds timeout, std::size_t max_output,
                                      bool* truncated, const std::atomic<bool>* stop,
-                                     const std::vector<std::string>* env = nullptr);
+                                     const std::vector<std::string>* env = nullptr,
+                                     int* exit_code = nullptr);
 
 }  // namespace
 
@@ -59,16 +60,32 @@ absl::StatusOr<std::string> RunCapped(const std::vector<std::string>& argv,
   return RunChild(argv, timeout, max_output, truncated, stop);
 }
 
+absl::StatusOr<ToolRun> RunTool(const std::vector<std::string>& argv,
+                                const std::vector<std::string>& env,
+                                std::chrono::milliseconds timeout, const std::atomic<bool>* stop,
+                                std::size_t max_output) {
+  ToolRun run;
+  absl::StatusOr<std::string> output =
+      RunChild(argv, timeout, max_output, nullptr, stop, &env, &run.exit_code);
+  if (!output.ok()) return output.status();
+  run.output = *std::move(output);
+  return run;
+}
+
 namespace {
 
-// Starts argv with stdout on `write_end`, stdin and stderr on /dev/null, nothing else of bcd's, and
-// `env` added to the environment when given.
+// Starts argv with stdout on `write_end`, stdin on /dev/null, stderr on /dev/null (or on
+// `write_end` with `merge`), nothing else of bcd's, and `env` added to the environment when given.
 absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const Fd& write_end,
-                            const std::vector<std::string>* env) {
+                            const std::vector<std::string>* env, bool merge) {
   SpawnSetup setup;
   posix_spawn_file_actions_addopen(&setup.actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&setup.actions, write_end.get(), STDOUT_FILENO);
-  posix_spawn_file_actions_addopen(&setup.actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+  if (merge) {
+    posix_spawn_file_actions_adddup2(&setup.actions, write_end.get(), STDERR_FILENO);
+  } else {
+    posix_spawn_file_actions_addopen(&setup.actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+  }
   // The child gets its three standard fds and nothing else of bcd's, close-on-exec or not.
   posix_spawn_file_actions_addclosefrom_np(&setup.actions, 3);
   // The child gets default signal dispositions and an empty mask whatever the daemon blocks.
@@ -149,14 +166,19 @@ Collected Collect(const std::string& program, pid_t pid, const Fd& from,
   }
 }
 
-// The answer once the child is reaped.
+// The answer once the child is reaped. With `exit_code`, a non-zero exit is not an error: it is
+// written there.
 absl::StatusOr<std::string> Verdict(const std::string& program, int status, Collected c,
-                                    bool truncated) {
+                                    bool truncated, int* exit_code) {
   if (c.stopped) return absl::CancelledError(c.failure);
   if (!c.failure.empty()) return absl::DeadlineExceededError(c.failure);
   if (truncated) return std::move(c.output);  // killed on purpose
   if (WIFSIGNALED(status)) {
     return absl::InternalError(fmt::format("{}: killed by signal {}", program, WTERMSIG(status)));
+  }
+  if (exit_code != nullptr) {
+    *exit_code = WEXITSTATUS(status);
+    return std::move(c.output);
   }
   if (WEXITSTATUS(status) == 127 && c.output.empty()) {
     return absl::NotFoundError(fmt::format("{}: not found", program));
@@ -171,7 +193,7 @@ absl::StatusOr<std::string> Verdict(const std::string& program, int status, Coll
 absl::StatusOr<std::string> RunChild(const std::vector<std::string>& argv,
                                      std::chrono::milliseconds timeout, std::size_t max_output,
                                      bool* truncated, const std::atomic<bool>* stop,
-                                     const std::vector<std::string>* env) {
+                                     const std::vector<std::string>* env, int* exit_code) {
   if (argv.empty()) return absl::InvalidArgumentError("no program to run");
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
@@ -179,7 +201,7 @@ absl::StatusOr<std::string> RunChild(const std::vector<std::string>& argv,
   }
   Fd read_end(fds[0]);
   Fd write_end(fds[1]);
-  absl::StatusOr<pid_t> pid = Spawn(argv, write_end, env);
+  absl::StatusOr<pid_t> pid = Spawn(argv, write_end, env, exit_code != nullptr);
   if (!pid.ok()) return pid.status();
   write_end.reset();
   Collected collected = Collect(argv[0], *pid, read_end, timeout, max_output, truncated, stop);
@@ -187,7 +209,8 @@ absl::StatusOr<std::string> RunChild(const std::vector<std::string>& argv,
   int status = 0;
   while (waitpid(*pid, &status, 0) < 0 && errno == EINTR) {
   }
-  return Verdict(argv[0], status, std::move(collected), truncated != nullptr && *truncated);
+  return Verdict(argv[0], status, std::move(collected), truncated != nullptr && *truncated,
+                 exit_code);
 }
 
 }  // namespace

@@ -43,4 +43,21 @@ absl::StatusOr<std::string> RunCapped(const std::vector<std::string>& argv,
                                       std::chrono::milliseconds timeout, std::size_t max_output,
                                       bool* truncated, const std::atomic<bool>* stop = nullptr);
 
+// How a tool that reports its failures in words ended: its exit status and what it printed on
+// stdout and stderr together (ipmitool says "failed" with status 0, and why a login failed on
+// stderr).
+struct ToolRun {
+  int exit_code = 0;
+  std::string output;
+};
+// Runs argv with `env` (NAME=value) added to its environment, stdout and stderr into one pipe.
+// A non-zero exit is not an error here; the answer is an error only when the program cannot start
+// (NotFound), runs past `timeout` or prints more than `max_output` (DeadlineExceeded, killed), is
+// killed by a signal (Internal), or `stop` turns true (Cancelled, killed within 100 ms).
+absl::StatusOr<ToolRun> RunTool(const std::vector<std::string>& argv,
+                                const std::vector<std::string>& env,
+                                std::chrono::milliseconds timeout,
+                                const std::atomic<bool>* stop = nullptr,
+                                std::size_t max_output = 1 << 20);
+
 }  // namespace bcd

@@ -98,6 +98,7 @@ class ConfigParser {
             {"diag", [&](const toml::node& n, const std::string& k) { Diag(n, k, &config); }},
             {"tunnels", [&](const toml::node& n, const std::string& k) { Tunnels(n, k, &config); }},
             {"node", [&](const toml::node& n, const std::string& k) { Node(n, k, &config); }},
+            {"site", [&](const toml::node& n, const std::string& k) { Site(n, k, &config); }},
         });
     return Finish(std::move(config));
   }
@@ -458,6 +459,51 @@ class ConfigParser {
                   rules.push_back(*std::move(rule));
                 }
                 config->tunnel_allow_ = std::move(rules);
+              }},
+         });
+  }
+
+  void Site(const toml::node& node, const std::string& key, Config* config) {
+    const toml::table* table = Table(node, key);
+    if (!table) return;
+    Walk(*table, key,
+         {
+             {"bmc_ca_file",
+              [&](const toml::node& n, const std::string& k) {
+                if (auto p = AbsolutePath(n, k)) config->site_.bmc_ca_file = p->string();
+              }},
+             {"bmc_tls_unverified",
+              [&](const toml::node& n, const std::string& k) {
+                const toml::array* array = n.as_array();
+                if (!array) {
+                  Error(n, k,
+                        fmt::format("expected an array of BMC addresses, got {}", TypeName(n)));
+                  return;
+                }
+                std::vector<std::string> addresses;
+                for (std::size_t i = 0; i < array->size(); ++i) {
+                  std::string item_key = fmt::format("{}[{}]", k, i);
+                  std::optional<std::string> text = String(*array->get(i), item_key);
+                  if (!text) return;
+                  if (text->empty() || text->size() > 255 ||
+                      text->find_first_of(" \t\r\n/") != std::string::npos) {
+                    Error(*array->get(i), item_key,
+                          fmt::format("expected a BMC address, got \"{}\"", *text));
+                    return;
+                  }
+                  addresses.push_back(*text);
+                }
+                config->site_.bmc_tls_unverified = std::move(addresses);
+              }},
+             {"bmc_redfish_port",
+              [&](const toml::node& n, const std::string& k) {
+                if (auto v = Bounded(n, k, 1, 65535))
+                  config->site_.bmc_redfish_port = static_cast<uint16_t>(*v);
+              }},
+             {"bmc_ipmi_port",
+              [&](const toml::node& n, const std::string& k) {
+                if (auto v = Bounded(n, k, 1, 65535))
+                  config->site_.bmc_ipmi_port = static_cast<uint16_t>(*v);
               }},
          });
   }

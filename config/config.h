@@ -66,6 +66,16 @@ class Config {
   // tunnels may go (default: loopback only).
   const std::string& tunnel_user() const { return tunnel_user_; }
   const std::vector<TunnelAllowRule>& tunnel_allow() const { return tunnel_allow_; }
+  // [site]: how the site agent reaches its BMCs. A Redfish certificate that the command pins
+  // no key for must chain to bmc_ca_file, or the BMC's address must be listed in
+  // bmc_tls_unverified (no check at all, asked for by name); the ports are the site's.
+  struct Site {
+    std::string bmc_ca_file;
+    std::vector<std::string> bmc_tls_unverified;
+    uint16_t bmc_redfish_port = 443;
+    uint16_t bmc_ipmi_port = 623;
+  };
+  const Site& site() const { return site_; }
   const std::string& source() const { return source_; }
   // The tables the file holds ("websocket", "imds", ...), in file order: the engine reads some,
   // the mode others (Mode::ConfigSections), and one nobody reads is reported at start.
@@ -89,6 +99,7 @@ class Config {
   Update update_;
   std::optional<ListenAddress> imds_listen_;
   std::optional<ListenAddress> diag_listen_;
+  Site site_;
   std::vector<std::string> reboot_command_{"systemctl", "reboot"};
   std::string log_unit_ = "bcd.service";
   uint32_t max_tunnels_ = kMaxTunnels;

@@ -444,4 +444,163 @@ absl::StatusOr<Downloaded> HttpGetToFile(const DownloadRequest& request) {
   return f.got;
 }
 
+namespace {
+
+// The hex of `bytes`, for messages.
+std::string Hex(std::string_view bytes) {
+  std::string out;
+  for (unsigned char c : bytes) out += fmt::format("{:02x}", c);
+  return out;
+}
+
+// The sha256 of the public key of the peer's leaf certificate; empty when there is none.
+std::string PeerSpkiSha256(SSL* ssl) {
+  X509* leaf = SSL_get0_peer_certificate(ssl);
+  if (leaf == nullptr) return {};
+  unsigned char* der = nullptr;
+  int n = i2d_X509_PUBKEY(X509_get_X509_PUBKEY(leaf), &der);
+  if (n <= 0) return {};
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  EVP_Digest(der, static_cast<std::size_t>(n), digest, &size, EVP_sha256(), nullptr);
+  OPENSSL_free(der);
+  return std::string(reinterpret_cast<char*>(digest), size);
+}
+
+}  // namespace
+
+absl::StatusOr<DeviceAnswer> HttpDeviceExchange(const DeviceRequest& request) {
+  const std::string& host = request.host;
+  Deadline deadline = std::chrono::steady_clock::now() + request.timeout;
+  net::io_context ioc;
+  auto await = [&](auto start, auto cancel) {
+    beast::error_code result;
+    bool done = false;
+    start([&](beast::error_code ec) {
+      result = ec;
+      done = true;
+    });
+    RunWatching(ioc, request.stop, cancel);
+    if (!done) return beast::error_code(net::error::operation_aborted);
+    return result;
+  };
+  auto failed = [&](std::string_view what, const beast::error_code& ec) {
+    if (request.stop != nullptr && request.stop->load())
+      return absl::CancelledError(fmt::format("{}: stopped", host));
+    if (ec == beast::error::timeout || ec == net::error::operation_aborted)
+      return absl::UnavailableError(fmt::format("{}: {}timed out", host, what));
+    return absl::UnavailableError(fmt::format("{}: {}{}", host, what, ec.message()));
+  };
+  std::vector<tcp::endpoint> endpoints;
+  beast::error_code ec;
+  net::ip::address literal = net::ip::make_address(host, ec);
+  bool is_ip = !ec;
+  if (is_ip) {
+    endpoints.emplace_back(literal, request.port);
+  } else {
+    tcp::resolver resolver(ioc);
+    ec = await(
+        [&](auto done) {
+          resolver.async_resolve(host, std::to_string(request.port),
+                                 [&, done](beast::error_code e, tcp::resolver::results_type found) {
+                                   for (const auto& entry : found)
+                                     endpoints.push_back(entry.endpoint());
+                                   done(e);
+                                 });
+        },
+        [&] { resolver.cancel(); });
+    if (ec) return failed("cannot resolve: ", ec);
+    if (endpoints.empty()) return absl::UnavailableError(fmt::format("{}: no address", host));
+  }
+
+  ssl::context context(ssl::context::tls_client);
+  SSL_CTX_set_min_proto_version(context.native_handle(), TLS1_3_VERSION);
+  const DeviceTrust& trust = request.trust;
+  if (!trust.ca_file.empty()) {
+    context.load_verify_file(trust.ca_file, ec);
+    if (ec) {
+      return absl::FailedPreconditionError(
+          fmt::format("{}: cannot read the CA file {}: {}", host, trust.ca_file, ec.message()));
+    }
+    context.set_verify_mode(ssl::verify_peer);
+  } else if (trust.spki_sha256.size() == 32 || trust.unverified) {
+    context.set_verify_mode(ssl::verify_none);  // the pin is checked after the handshake
+  } else {
+    return absl::FailedPreconditionError(fmt::format("{}: no way to trust its certificate", host));
+  }
+  beast::ssl_stream<beast::tcp_stream> stream(ioc, context);
+  beast::tcp_stream& tcp = beast::get_lowest_layer(stream);
+  if (!is_ip) {  // an IP literal sends no SNI
+    SSL_set_tlsext_host_name(stream.native_handle(), host.c_str());
+    if (!trust.ca_file.empty()) SSL_set1_host(stream.native_handle(), host.c_str());
+  } else if (!trust.ca_file.empty()) {
+    X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(stream.native_handle()), host.c_str());
+  }
+  tcp.expires_after(Left(deadline));
+  ec = await(
+      [&](auto done) {
+        tcp.async_connect(endpoints,
+                          [done](beast::error_code e, const tcp::endpoint&) { done(e); });
+      },
+      [&] { tcp.cancel(); });
+  if (ec) return failed("", ec);
+  tcp.expires_after(Left(deadline));
+  ec = await([&](auto done) { stream.async_handshake(ssl::stream_base::client, done); },
+             [&] { tcp.cancel(); });
+  if (ec) {
+    long verify = SSL_get_verify_result(stream.native_handle());
+    if (!trust.ca_file.empty() && verify != X509_V_OK) {
+      return absl::PermissionDeniedError(
+          fmt::format("{}: TLS: its certificate does not chain to {} for this address: {}", host,
+                      trust.ca_file, X509_verify_cert_error_string(verify)));
+    }
+    return failed("TLS: ", ec);
+  }
+  if (trust.ca_file.empty() && !trust.unverified) {
+    std::string got = PeerSpkiSha256(stream.native_handle());
+    if (got != trust.spki_sha256) {
+      return absl::PermissionDeniedError(
+          fmt::format("{}: TLS: its certificate's key has sha256 {}, not the pinned {}", host,
+                      Hex(got), Hex(trust.spki_sha256)));
+    }
+  }
+
+  http::request<http::string_body> out{http::string_to_verb(request.method), request.target, 11};
+  std::string host_header = host.find(':') != std::string::npos ? "[" + host + "]" : host;
+  if (request.port != 443) host_header += ":" + std::to_string(request.port);
+  out.set(http::field::host, host_header);
+  out.set(http::field::user_agent, "bcd/" + std::string(Version()));
+  out.set(http::field::connection, "close");
+  for (const auto& [name, value] : request.headers) out.set(name, value);
+  if (!request.body.empty()) out.body() = request.body;
+  out.prepare_payload();
+  beast::flat_buffer buffer;
+  http::response_parser<http::string_body> parser;
+  parser.body_limit(request.max_body);
+  tcp.expires_after(Left(deadline));
+  ec = await(
+      [&](auto done) {
+        http::async_write(stream, out, [&, done](beast::error_code e, std::size_t) {
+          if (e) return done(e);
+          http::async_read(stream, buffer, parser,
+                           [done](beast::error_code e2, std::size_t) { done(e2); });
+        });
+      },
+      [&] { tcp.cancel(); });
+  if (ec == http::error::body_limit) {
+    return absl::ResourceExhaustedError(
+        fmt::format("{}: an answer larger than {} bytes", host, request.max_body));
+  }
+  if (ec) return failed("", ec);
+  DeviceAnswer answer;
+  answer.status = parser.get().result_int();
+  for (const auto& field : parser.get()) {
+    std::string name(field.name_string());
+    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    answer.headers[name] = std::string(field.value());
+  }
+  answer.body = std::move(parser.get().body());
+  return answer;
+}
+
 }  // namespace bcd

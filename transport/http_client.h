@@ -69,4 +69,36 @@ struct Downloaded {
 // when the file cannot be written. The file is removed on every error.
 absl::StatusOr<Downloaded> HttpGetToFile(const DownloadRequest& request);
 
+// How a device's certificate is trusted (a BMC's, self-signed as a rule): exactly one way.
+struct DeviceTrust {
+  std::string spki_sha256;  // 32 bytes: the leaf's public key must hash to this
+  std::string ca_file;      // or: a chain to a CA of this PEM file, for the host or IP connected to
+  bool unverified = false;  // or: no check at all (the site config names the device)
+};
+
+// One small HTTPS request to a device on the local network (a Redfish BMC): no proxy, TLS 1.3,
+// one connection per exchange, the answer's body held in memory up to `max_body`.
+struct DeviceRequest {
+  std::string method;  // GET, POST, PATCH, DELETE
+  std::string host;    // name or IP (IPv6 without brackets)
+  uint16_t port = 443;
+  std::string target;  // the path and query
+  std::map<std::string, std::string> headers;
+  std::string body;  // sent with Content-Length when not empty
+  DeviceTrust trust;
+  std::chrono::milliseconds timeout{std::chrono::seconds(20)};  // the whole exchange
+  const std::atomic<bool>* stop = nullptr;                      // as UploadRequest's
+  std::size_t max_body = 1 << 20;
+};
+struct DeviceAnswer {
+  unsigned status = 0;
+  std::map<std::string, std::string> headers;  // names in lower case
+  std::string body;
+};
+// Connection failures are Unavailable and say which ("connection refused", "timed out", ...);
+// a certificate the trust refuses is PermissionDenied naming what did not match (the pin, the CA);
+// Cancelled when `stop` turned true; ResourceExhausted for a body over `max_body`. Any HTTP status
+// is an answer.
+absl::StatusOr<DeviceAnswer> HttpDeviceExchange(const DeviceRequest& request);
+
 }  // namespace bcd

@@ -1,8 +1,8 @@
 #pragma once
 
-// Site mode: what each datacenter site runs. Today it runs the common kinds; the BMCs (bmc.*, one
-// lane per BMC address), the boot server and site.httpProxy come to this folder, each a handler
-// registered in Attach.
+// Site mode: what each datacenter site runs. Beyond the common kinds it drives the site's BMCs
+// (bmc.*, over Redfish or IPMI, one lane per BMC address: bmc_kinds.h). The boot server and
+// site.httpProxy come to this folder, each a handler registered in Attach.
 
 #include "daemon/mode.h"
 #include "modes/common/common_kinds.h"
@@ -11,6 +11,7 @@ namespace bcd {
 
 struct SiteModeOptions {
   CommonSources sources;
+  std::string ipmitool = "ipmitool";  // the program the IPMI kinds run
 };
 
 class SiteMode final : public Mode {
@@ -22,8 +23,9 @@ class SiteMode final : public Mode {
     return bettercompute::common::v1::ROLE_SITE;
   }
   std::vector<std::string> Capabilities(bool websocket) const override;
-  // [node] log_unit: the journal unit logs.collect reads (site agents run logs.collect too).
-  std::vector<std::string> ConfigSections() const override { return {"node"}; }
+  // [node] log_unit: the journal unit logs.collect reads (site agents run logs.collect too);
+  // [site]: how the BMCs are reached.
+  std::vector<std::string> ConfigSections() const override { return {"node", "site"}; }
   absl::Status Attach(const ModeContext& context) override;
   void Detach() override {}
 
