@@ -23,6 +23,8 @@ BCD_PACKAGES=(
   util-linux  # unshare: the tunnel-user test gives bcd its own /etc/passwd
   prometheus jq  # promtool lints /metrics; jq reads bcd status --json
   help2man lintian man-db  # the manual pages made from --help, the package's lint, man -l
+  python3 openipmi ipmitool  # the Redfish BMC emulator; ipmi_sim, a real IPMI BMC, and its client
+  python3-sushy redfishtool  # Redfish clients nobody here wrote, to check the emulator against
 )
 # Commands the tests need, and the Debian package of each when the command is missing (Node.js may
 # come from elsewhere, with its own npm: a machine that has both keeps them).

@@ -484,7 +484,7 @@ absl::StatusOr<DeviceAnswer> HttpDeviceExchange(const DeviceRequest& request) {
     if (!done) return beast::error_code(net::error::operation_aborted);
     return result;
   };
-  auto failed = [&](std::string_view what, const beast::error_code& ec) {
+  auto lost = [&](std::string_view what, const beast::error_code& ec) {
     if (request.stop != nullptr && request.stop->load())
       return absl::CancelledError(fmt::format("{}: stopped", host));
     if (ec == beast::error::timeout || ec == net::error::operation_aborted)
@@ -509,7 +509,7 @@ absl::StatusOr<DeviceAnswer> HttpDeviceExchange(const DeviceRequest& request) {
                                  });
         },
         [&] { resolver.cancel(); });
-    if (ec) return failed("cannot resolve: ", ec);
+    if (ec) return lost("cannot resolve: ", ec);
     if (endpoints.empty()) return absl::UnavailableError(fmt::format("{}: no address", host));
   }
 
@@ -543,7 +543,7 @@ absl::StatusOr<DeviceAnswer> HttpDeviceExchange(const DeviceRequest& request) {
                           [done](beast::error_code e, const tcp::endpoint&) { done(e); });
       },
       [&] { tcp.cancel(); });
-  if (ec) return failed("", ec);
+  if (ec) return lost("", ec);
   tcp.expires_after(Left(deadline));
   ec = await([&](auto done) { stream.async_handshake(ssl::stream_base::client, done); },
              [&] { tcp.cancel(); });
@@ -554,7 +554,7 @@ absl::StatusOr<DeviceAnswer> HttpDeviceExchange(const DeviceRequest& request) {
           fmt::format("{}: TLS: its certificate does not chain to {} for this address: {}", host,
                       trust.ca_file, X509_verify_cert_error_string(verify)));
     }
-    return failed("TLS: ", ec);
+    return lost("TLS: ", ec);
   }
   if (trust.ca_file.empty() && !trust.unverified) {
     std::string got = PeerSpkiSha256(stream.native_handle());
@@ -591,7 +591,7 @@ absl::StatusOr<DeviceAnswer> HttpDeviceExchange(const DeviceRequest& request) {
     return absl::ResourceExhaustedError(
         fmt::format("{}: an answer larger than {} bytes", host, request.max_body));
   }
-  if (ec) return failed("", ec);
+  if (ec) return lost("", ec);
   DeviceAnswer answer;
   answer.status = parser.get().result_int();
   for (const auto& field : parser.get()) {

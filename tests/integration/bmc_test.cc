@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -39,18 +40,24 @@ constexpr char kNewPassword[] = "N3w-bmc-pass";
 
 class Bmc : public ::testing::Test {
  protected:
-  Bmc() {
-    node_.gateway->AddSecret("bmc/cred", std::string("admin:") + kPassword, {"wf-1", "step-1", ""});
-    node_.gateway->AddSecret("bmc/new", std::string("admin:") + kNewPassword,
-                             {"wf-1", "step-1", ""});
-    node_.gateway->AddSecret("bmc/wrong", "admin:not-the-password", {"wf-1", "step-1", ""});
-    node_.Start(std::make_unique<SiteMode>());
-    EXPECT_TRUE(node_.gateway->WaitForWelcomes(1, kWait));
+  // `site` is the [site] table of the agent's config ("" for none).
+  explicit Bmc(std::string site = "")
+      : node_(std::make_unique<JoinedNode>(JoinedNode::Options{
+            .node_id = "n-1",
+            .extra_config = [site](const std::filesystem::path&) { return site; },
+            .log_level = LogLevel::kDebug})) {
+    node_->gateway->AddSecret("bmc/cred", std::string("admin:") + kPassword,
+                              {"wf-1", "step-1", ""});
+    node_->gateway->AddSecret("bmc/new", std::string("admin:") + kNewPassword,
+                              {"wf-1", "step-1", ""});
+    node_->gateway->AddSecret("bmc/wrong", "admin:not-the-password", {"wf-1", "step-1", ""});
+    node_->Start(std::make_unique<SiteMode>());
+    EXPECT_TRUE(node_->gateway->WaitForWelcomes(1, kWait));
   }
   ~Bmc() override {
-    node_.Stop();
+    node_->Stop();
     // Whatever happened, no password reached bcd's log.
-    std::string log = node_.LogText();
+    std::string log = node_->LogText();
     EXPECT_EQ(log.find(kPassword), std::string::npos) << log;
     EXPECT_EQ(log.find(kNewPassword), std::string::npos) << log;
     EXPECT_EQ(log.find("not-the-password"), std::string::npos) << log;
@@ -89,20 +96,20 @@ class Bmc : public ::testing::Test {
     command.set_timeout_seconds(timeout_seconds);
     command.set_payload(payload.SerializeAsString());
     v1::ServerFrame frame;
-    *frame.mutable_command() = node_.pki.SignCommand(command);
-    ASSERT_TRUE(node_.gateway->Push("n-1", frame));
+    *frame.mutable_command() = node_->pki.SignCommand(command);
+    ASSERT_TRUE(node_->gateway->Push("n-1", frame));
   }
   v1::CommandUpdate Wait(const std::string& id) {
     auto deadline = std::chrono::steady_clock::now() + kWait;
     while (std::chrono::steady_clock::now() < deadline) {
-      for (const auto& frame : node_.gateway->Received("n-1")) {
+      for (const auto& frame : node_->gateway->Received("n-1")) {
         if (!frame.has_command_update() || frame.command_update().command_id() != id) continue;
         v1::CommandState s = frame.command_update().state();
         if (s != v1::COMMAND_STATE_ACCEPTED && s != v1::COMMAND_STATE_RUNNING)
           return frame.command_update();
       }
-      node_.gateway->WaitForReceived("n-1", node_.gateway->Received("n-1").size() + 1,
-                                     std::chrono::milliseconds(200));
+      node_->gateway->WaitForReceived("n-1", node_->gateway->Received("n-1").size() + 1,
+                                      std::chrono::milliseconds(200));
     }
     ADD_FAILURE() << id << " did not end";
     return {};
@@ -134,7 +141,7 @@ class Bmc : public ::testing::Test {
   }
 
   FakeRoot bmcs_;
-  JoinedNode node_{{.node_id = "n-1", .log_level = LogLevel::kDebug}};
+  std::unique_ptr<JoinedNode> node_;
 };
 
 nlohmann::json SystemState(const RedfishBmc& bmc) { return (*bmc.State())["systems"]["1"]; }
@@ -332,6 +339,120 @@ TEST_F(Bmc, CommandsOnOneBmcRunOneAtATimeAndBmcsSideBySide) {
   EXPECT_TRUE(overlapped);
 }
 
+// BMCs started before the agent, so that its [site] table can name them: a Redfish emulator on
+// 127.0.0.1:R (TCP) and, where ipmi_sim is installed, an IPMI BMC on 127.0.0.2:R (UDP). The site's
+// ports are both R: 127.0.0.1 serves Redfish, 127.0.0.2 only IPMI.
+struct SiteBmcs {
+  SiteBmcs() {
+    absl::StatusOr<std::unique_ptr<RedfishBmc>> r =
+        RedfishBmc::Start(dir.path() / "redfish", {.password = kPassword});
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (r.ok()) redfish = *std::move(r);
+    absl::StatusOr<std::unique_ptr<RedfishBmc>> o =
+        RedfishBmc::Start(dir.path() / "other", {.password = kPassword});
+    EXPECT_TRUE(o.ok()) << o.status();
+    if (o.ok()) other = *std::move(o);
+    if (redfish && testing::HaveIpmiSim()) {
+      absl::StatusOr<std::unique_ptr<IpmiBmc>> i =
+          IpmiBmc::Start(dir.path() / "ipmi", "admin", kPassword, "127.0.0.2", redfish->port());
+      EXPECT_TRUE(i.ok()) << i.status();
+      if (i.ok()) ipmi = *std::move(i);
+    }
+  }
+  int port() const { return redfish ? redfish->port() : 1; }
+  FakeRoot dir;
+  std::unique_ptr<RedfishBmc> redfish, other;
+  std::unique_ptr<IpmiBmc> ipmi;
+};
+
+class BmcSite : protected SiteBmcs, public Bmc {
+ protected:
+  // `trust`: the [site] line that says how Redfish certificates are trusted, given the BMCs
+  // (started first: SiteBmcs is the first base).
+  explicit BmcSite(const std::function<std::string(const SiteBmcs&)>& trust)
+      : SiteBmcs(),
+        Bmc("[site]\n" + trust(*this) + "\nbmc_redfish_port = " + std::to_string(port()) +
+            "\nbmc_ipmi_port = " + std::to_string(port()) + "\n") {}
+  using SiteBmcs::ipmi;
+  using SiteBmcs::other;
+  using SiteBmcs::redfish;
+
+  site::BmcTarget Auto(const std::string& address, const std::string& ref = "bmc/cred") const {
+    site::BmcTarget target;
+    target.set_address(address);
+    target.set_credential_ref(ref);
+    return target;
+  }
+};
+
+class BmcUnverified : public BmcSite {
+ protected:
+  BmcUnverified()
+      : BmcSite([](const SiteBmcs&) { return "bmc_tls_unverified = [\"127.0.0.1\"]"; }) {}
+};
+
+TEST_F(BmcUnverified, OnlyAnAddressListedByNameGoesWithoutACertificateCheck) {
+  ASSERT_TRUE(redfish);
+  site::BmcTarget listed = Auto("127.0.0.1");
+  listed.set_protocol(site::BMC_PROTOCOL_REDFISH);
+  EXPECT_EQ(Power("c-listed", "bmc.powerStatus", listed).power_state(), "off");
+  site::BmcTarget unlisted = Auto("localhost:" + std::to_string(redfish->port()));
+  unlisted.set_protocol(site::BMC_PROTOCOL_REDFISH);
+  std::string refused = Failure("c-unlisted", "bmc.powerStatus", PowerPayload(unlisted));
+  EXPECT_NE(refused.find("BMC localhost:" + std::to_string(redfish->port()) +
+                         ": no tls_spki_sha256 pin and no [site] bmc_ca_file: an unverified "
+                         "Redfish connection is refused"),
+            std::string::npos)
+      << refused;
+}
+
+class BmcSiteCa : public BmcSite {
+ protected:
+  BmcSiteCa()
+      : BmcSite([](const SiteBmcs& bmcs) {
+          return "bmc_ca_file = \"" +
+                 (bmcs.redfish ? bmcs.redfish->cert().string() : "/nonexistent") + "\"";
+        }) {}
+};
+
+TEST_F(BmcSiteCa, ACertificateThatDoesNotChainToTheSiteCaIsRefused) {
+  ASSERT_TRUE(redfish && other);
+  site::BmcTarget good = Auto("127.0.0.1");
+  good.set_protocol(site::BMC_PROTOCOL_REDFISH);
+  EXPECT_EQ(Power("c-good", "bmc.powerStatus", good).power_state(), "off");
+  site::BmcTarget bad = Auto(other->address());
+  bad.set_protocol(site::BMC_PROTOCOL_REDFISH);
+  std::string refused = Failure("c-bad", "bmc.powerStatus", PowerPayload(bad));
+  EXPECT_NE(refused.find("its certificate does not chain to " + redfish->cert().string()),
+            std::string::npos)
+      << refused;
+}
+
+class BmcAuto : public BmcSite {
+ protected:
+  BmcAuto()
+      : BmcSite([](const SiteBmcs&) {
+          return "bmc_tls_unverified = [\"127.0.0.1\", \"127.0.0.2\"]";
+        }) {}
+};
+
+TEST_F(BmcAuto, RedfishWhereItIsServedIpmiWhereItIsNotAndNoFallbackOnARefusedCredential) {
+  if (!testing::HaveIpmiSim()) GTEST_SKIP() << "ipmi_sim and ipmitool are not installed";
+  ASSERT_TRUE(redfish && ipmi);
+  EXPECT_EQ(Power("c-redfish", "bmc.powerStatus", Auto("127.0.0.1")).protocol(),
+            site::BMC_PROTOCOL_REDFISH);
+  site::BmcPowerResult fallback = Power("c-ipmi", "bmc.powerOn", Auto("127.0.0.2"));
+  EXPECT_EQ(fallback.protocol(), site::BMC_PROTOCOL_IPMI);
+  EXPECT_EQ(fallback.power_state(), "on");
+  EXPECT_EQ(ipmi->Power(), "on");
+  std::size_t calls = ipmi->Calls().size();
+  std::string wrong =
+      Failure("c-wrong", "bmc.powerStatus", PowerPayload(Auto("127.0.0.1", "bmc/wrong")));
+  EXPECT_NE(wrong.find("the BMC refused the credential"), std::string::npos) << wrong;
+  EXPECT_EQ(wrong.find("IPMI"), std::string::npos) << wrong;
+  EXPECT_EQ(ipmi->Calls().size(), calls);
+}
+
 // --- IPMI ---
 
 class IpmiBmcTest : public Bmc {
@@ -413,7 +534,7 @@ TEST_F(IpmiBmcTest, NoPasswordOnACommandLineOrLeftInAFileAndRotateVerifies) {
   EXPECT_EQ(old_sweep.leaks, 0);
   EXPECT_EQ(new_sweep.leaks, 0);
   // The file the new password went through is gone.
-  std::filesystem::path work = node_.config->state_dir() / "bmc";
+  std::filesystem::path work = node_->config->state_dir() / "bmc";
   EXPECT_TRUE(std::filesystem::is_empty(work));
   EXPECT_EQ(Power("c-new", "bmc.powerStatus", Ipmi(*ipmi_, "bmc/new")).power_state(), "off");
   std::string old = Failure("c-old", "bmc.powerStatus", PowerPayload(target));

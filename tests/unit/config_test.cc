@@ -122,6 +122,39 @@ TEST(ConfigErrors, UpdateLimits) {
             "c.toml:4: update.max_bytes: expected an integer, got string");
 }
 
+TEST(Config, SiteBmcs) {
+  absl::StatusOr<Config> config = Config::Parse(Valid(), "c.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->site().bmc_ca_file, "");
+  EXPECT_TRUE(config->site().bmc_tls_unverified.empty());
+  EXPECT_EQ(config->site().bmc_redfish_port, 443);
+  EXPECT_EQ(config->site().bmc_ipmi_port, 623);
+  config = Config::Parse(Valid() +
+                             "[site]\nbmc_ca_file = \"/etc/bcd/bmc-ca.pem\"\n"
+                             "bmc_tls_unverified = [\"10.0.0.7\", \"bmc-3.site\"]\n"
+                             "bmc_redfish_port = 8443\nbmc_ipmi_port = 6230\n",
+                         "c.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->site().bmc_ca_file, "/etc/bcd/bmc-ca.pem");
+  EXPECT_EQ(config->site().bmc_tls_unverified,
+            (std::vector<std::string>{"10.0.0.7", "bmc-3.site"}));
+  EXPECT_EQ(config->site().bmc_redfish_port, 8443);
+  EXPECT_EQ(config->site().bmc_ipmi_port, 6230);
+}
+
+TEST(ConfigErrors, SiteBmcs) {
+  EXPECT_EQ(ErrorOf(Valid() + "[site]\nbmc_ca_file = \"ca.pem\"\n"),
+            "c.toml:4: site.bmc_ca_file: expected an absolute path, got \"ca.pem\"");
+  EXPECT_EQ(ErrorOf(Valid() + "[site]\nbmc_tls_unverified = \"10.0.0.7\"\n"),
+            "c.toml:4: site.bmc_tls_unverified: expected an array of BMC addresses, got string");
+  EXPECT_EQ(ErrorOf(Valid() + "[site]\nbmc_tls_unverified = [\"a b\"]\n"),
+            "c.toml:4: site.bmc_tls_unverified[0]: expected a BMC address, got \"a b\"");
+  EXPECT_EQ(ErrorOf(Valid() + "[site]\nbmc_ipmi_port = 0\n"),
+            "c.toml:4: site.bmc_ipmi_port: expected 1 to 65535, got 0");
+  EXPECT_EQ(ErrorOf(Valid() + "[site]\nbmc_redfish = 1\n"),
+            "c.toml:4: site.bmc_redfish: unknown key");
+}
+
 TEST(ConfigErrors, DiagAndLogFormat) {
   EXPECT_EQ(ErrorOf(Valid() + "[diag]\nlisten = \"0.0.0.0:9464\"\n"),
             "c.toml:4: diag.listen: 0.0.0.0 is not a loopback address: set allow_remote = true "
