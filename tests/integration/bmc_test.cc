@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/subprocess.h"
 #include "bettercompute/site/v1/site.pb.h"
 #include "gtest/gtest.h"
 #include "modes/site/site_mode.h"
@@ -451,6 +452,40 @@ TEST_F(BmcAuto, RedfishWhereItIsServedIpmiWhereItIsNotAndNoFallbackOnARefusedCre
   EXPECT_NE(wrong.find("the BMC refused the credential"), std::string::npos) << wrong;
   EXPECT_EQ(wrong.find("IPMI"), std::string::npos) << wrong;
   EXPECT_EQ(ipmi->Calls().size(), calls);
+}
+
+// The emulator is not a server that only agrees with bcd: sushy and redfishtool drive it through
+// power, the boot override and a password change (tests/interop/redfish_clients.py), and what
+// they did is what the emulator holds.
+TEST(RedfishEmulator, SushyAndRedfishtoolDriveItThroughPowerBootAndAccounts) {
+  FakeRoot dir;
+  absl::StatusOr<std::unique_ptr<RedfishBmc>> bmc = RedfishBmc::Start(
+      dir.path() / "bmc",
+      {.password = kPassword, .args = {"--require-etag", "--power-delay", "0.2"}});
+  ASSERT_TRUE(bmc.ok()) << bmc.status();
+  absl::StatusOr<ToolRun> run = RunTool(
+      {"/usr/bin/python3", BCD_SOURCE_DIR "/tests/interop/redfish_clients.py",
+       std::to_string((*bmc)->port()), (*bmc)->cert().string(), "admin", kPassword, kNewPassword},
+      {}, std::chrono::seconds(120));
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_EQ(run->exit_code, 0) << run->output;
+  nlohmann::json seen = nlohmann::json::parse(run->output, nullptr, false);
+  ASSERT_TRUE(seen.is_object()) << run->output;
+  EXPECT_EQ(seen["sushy_systems"], nlohmann::json::array({"1"}));
+  EXPECT_EQ(seen["sushy_power_before"], "Off");
+  EXPECT_EQ(seen["sushy_power_after_on"], "On");
+  EXPECT_EQ(seen["sushy_boot"], nlohmann::json::array({"Pxe", "Continuous", "UEFI"}));
+  EXPECT_EQ(seen["redfishtool_power_after_off"], "Off");
+  EXPECT_EQ(seen["redfishtool_boot"], nlohmann::json::array({"Hdd", "Once"}));
+  EXPECT_EQ(seen["redfishtool_login_with_new_password"], "Off");
+  nlohmann::json state = *(*bmc)->State();
+  EXPECT_EQ(state["systems"]["1"]["power"], "Off");
+  EXPECT_EQ(state["systems"]["1"]["boot"]["BootSourceOverrideTarget"], "Hdd");
+  EXPECT_EQ(state["accounts"]["admin"]["changed"], true);
+  // Both clients sent If-Match on their PATCHes (the emulator requires it): none was refused.
+  int patches = 0;
+  for (const auto& entry : state["log"]) patches += entry["method"] == "PATCH";
+  EXPECT_EQ(patches, 3);
 }
 
 // --- IPMI ---
