@@ -1,6 +1,6 @@
 // bcd-dev: the dev stack from a shell.
 //
-//   bcd-dev up [--dir DIR] [--seconds N] [--protocol MIN..MAX] [--bcd PATH] [--websocket]
+//   bcd-dev up [--dir DIR] [--seconds N] [--protocol MIN..MAX] [--bcd PATH] [--websocket] [--site]
 //   bcd-dev run KIND [JSON] [--dir DIR]
 //   bcd-dev spec JSON [--dir DIR]
 //   bcd-dev secret REF VALUE (--step WORKFLOW/STEP | --allocation ID | --host SECTION/FIELD)
@@ -26,7 +26,9 @@
 // renewals over HTTPS). The node runs a copy of bcd installed in DIR/bin, with the dev release
 // key pinned; `upgrade` puts the binary at PATH on the stack's HTTPS release server, signs it as
 // version V for this machine's os/arch (or A) and sends daemon.upgrade, printing the result the
-// node reports after its restart.
+// node reports after its restart. With --site, up runs `bcd site` (dev-site-1) instead, with a
+// Redfish BMC emulator and Debian's ipmi_sim to drive (bmc.* kinds; the credential is the secret
+// bmc/dev, bound to the step every dev command runs as: workflow "dev", step "dev").
 
 #include <netinet/in.h>
 #include <poll.h>
@@ -54,6 +56,7 @@
 #include "nlohmann/json.hpp"
 #include "pki/keys.h"
 #include "sys/utsname.h"
+#include "testing/bmc_emulators.h"
 #include "testing/child_process.h"
 #include "testing/dev_control.h"
 #include "testing/dev_gateway.h"
@@ -70,6 +73,7 @@ using bcd::testing::WaitChild;
 constexpr char kUsage[] =
     "Usage: bcd-dev COMMAND [options]\n"
     "  bcd-dev up [--dir DIR] [--seconds N] [--protocol MIN..MAX] [--bcd PATH] [--websocket]\n"
+    "             [--site]\n"
     "  bcd-dev run KIND [JSON] [--dir DIR]\n"
     "  bcd-dev spec JSON [--dir DIR]\n"
     "  bcd-dev secret REF VALUE (--step WORKFLOW/STEP | --allocation ID |\n"
@@ -97,6 +101,7 @@ constexpr char kUsage[] =
     "\n"
     "Options:\n"
     "  --dir DIR       the stack's directory (up prints it; the others default to the last up)\n"
+    "  --site          up: run a site agent (bcd site) with a Redfish and an IPMI BMC to drive\n"
     "  --help          print this help\n"
     "  --version       print the version\n";
 
@@ -494,10 +499,14 @@ int main(int argc, char** argv) {
   if (args.empty() || args[0] != "up") return Usage();
   std::string dir, protocol = "1..1", bcd = BCD_DEFAULT_BINARY;
   int seconds = 0;
-  bool websocket = false;
+  bool websocket = false, site = false;
   for (std::size_t i = 1; i < args.size(); ++i) {
     if (args[i] == "--websocket") {
       websocket = true;
+      continue;
+    }
+    if (args[i] == "--site") {
+      site = true;
       continue;
     }
     if (i + 1 >= args.size()) return Usage();
@@ -512,6 +521,7 @@ int main(int argc, char** argv) {
     else
       return Usage();
   }
+  const std::string node_id = site ? "dev-site-1" : "dev-node-1";
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
@@ -569,6 +579,37 @@ int main(int argc, char** argv) {
                         << "[update]\nrelease_keys = [\""
                         << bcd::pki::Hex(release_key->Public().SpkiSha256()) << "\"]\n"
                         << "trial_seconds = 30\n";
+  // A site agent gets the site's BMCs: a Redfish emulator on 127.0.0.1:R and, where ipmi_sim is
+  // installed, an IPMI BMC on 127.0.0.2:R (UDP); the site's ports are R, so an address without a
+  // protocol reaches Redfish on the first and falls back to IPMI on the second.
+  std::unique_ptr<bcd::testing::RedfishBmc> redfish;
+  std::unique_ptr<bcd::testing::IpmiBmc> ipmi;
+  if (site) {
+    std::string password = bcd::pki::Hex(bcd::pki::Sha256(release_key->ToPem())).substr(0, 16);
+    absl::StatusOr<std::unique_ptr<bcd::testing::RedfishBmc>> r =
+        bcd::testing::RedfishBmc::Start(dir + "/bmc/redfish", {.password = password});
+    if (!r.ok())
+      return std::fprintf(stderr, "bcd-dev: %s\n", std::string(r.status().message()).c_str()), 1;
+    redfish = *std::move(r);
+    if (bcd::testing::HaveIpmiSim()) {
+      absl::StatusOr<std::unique_ptr<bcd::testing::IpmiBmc>> i = bcd::testing::IpmiBmc::Start(
+          dir + "/bmc/ipmi", "admin", password, "127.0.0.2", redfish->port());
+      if (!i.ok())
+        return std::fprintf(stderr, "bcd-dev: %s\n", std::string(i.status().message()).c_str()), 1;
+      ipmi = *std::move(i);
+    }
+    // Dev commands run as workflow "dev", step "dev": the credential is bound to that step.
+    (*gateway)->AddSecret("bmc/dev", "admin:" + password, {"dev", "dev", ""});
+    std::ofstream(config, std::ios::app)
+        << "[site]\nbmc_ca_file = \"" << redfish->cert().string() << "\"\n"
+        << "bmc_redfish_port = " << redfish->port() << "\nbmc_ipmi_port = " << redfish->port()
+        << "\n";
+    std::printf(
+        "BMCs: Redfish emulator at https://127.0.0.1:%d, %s; credential secret bmc/dev\n",
+        redfish->port(),
+        ipmi ? ("ipmi_sim at 127.0.0.2:" + std::to_string(redfish->port()) + " (UDP)").c_str()
+             : "no IPMI BMC (ipmi_sim and ipmitool are not installed)");
+  }
   std::printf("releases: %s (signed by the dev release key, pinned in the config)\n",
               (*releases)->Url("").c_str());
   std::printf(
@@ -581,13 +622,12 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   // The token goes in a file only this user reads, never on a command line others can see.
   std::filesystem::path token_file = std::filesystem::path(dir) / "join-token";
-  if (absl::Status s =
-          bcd::AtomicWriteFile(token_file, (*gateway)->AddJoinToken("dev-node-1"), 0600);
+  if (absl::Status s = bcd::AtomicWriteFile(token_file, (*gateway)->AddJoinToken(node_id), 0600);
       !s.ok()) {
     return std::fprintf(stderr, "bcd-dev: %s\n", std::string(s.message()).c_str()), 1;
   }
-  int joined =
-      WaitChild(SpawnChild({bcd, "join", "--config", config, "--token-file", token_file.string()}));
+  int joined = WaitChild(SpawnChild({bcd, "join", "--config", config, "--token-file",
+                                     token_file.string(), "--role", site ? "site" : "node"}));
   std::filesystem::remove(token_file);
   if (joined != 0) return std::fprintf(stderr, "bcd-dev: bcd join exited %d\n", joined), 1;
   if (websocket) {
@@ -595,12 +635,12 @@ int main(int argc, char** argv) {
     std::printf("\nconfig: added [websocket]: the node runs over the WebSocket transport\n");
   }
 
-  std::printf("\n$ bcd node --config %s\n", config.c_str());
+  const char* mode = site ? "site" : "node";
+  std::printf("\n$ bcd %s --config %s\n", mode, config.c_str());
   std::fflush(stdout);
-  pid_t node = SpawnChild({bcd, "node", "--config", config});
+  pid_t node = SpawnChild({bcd, mode, "--config", config});
   bcd::testing::DevControlPlane control(&*pki, gateway->get());
-  if (absl::Status s = control.Serve(std::filesystem::path(dir) / "dev.sock", "dev-node-1");
-      !s.ok()) {
+  if (absl::Status s = control.Serve(std::filesystem::path(dir) / "dev.sock", node_id); !s.ok()) {
     std::fprintf(stderr, "bcd-dev: %s\n", std::string(s.message()).c_str());
   }
   {
@@ -624,36 +664,47 @@ int main(int argc, char** argv) {
       break;
     }
     if (waitpid(node, nullptr, WNOHANG) == node) {
-      std::printf("bcd node exited\n");
+      std::printf("bcd %s exited\n", mode);
       node = -1;
       break;
     }
-    if (!welcomed && (*gateway)->LastHello("dev-node-1")) {
+    if (!welcomed && (*gateway)->LastHello(node_id)) {
       welcomed = true;
-      std::printf("gateway: Hello from dev-node-1 over %s %s\n",
-                  (*gateway)->LastTransport("dev-node-1").c_str(),
-                  bcd::testing::ProtoJson(*(*gateway)->LastHello("dev-node-1")).c_str());
+      std::printf("gateway: Hello from %s over %s %s\n", node_id.c_str(),
+                  (*gateway)->LastTransport(node_id).c_str(),
+                  bcd::testing::ProtoJson(*(*gateway)->LastHello(node_id)).c_str());
     }
     if (welcomed && !trusted) {
       // The control plane's approver set: destructive kinds need 2 of 3 approvals from now on.
       bettercompute::agent::v1::ServerFrame frame;
       *frame.mutable_trust() = control.ApproverBundle();
-      trusted = (*gateway)->Push("dev-node-1", frame);
+      trusted = (*gateway)->Push(node_id, frame);
       if (trusted) {
         std::printf("gateway: sent trust bundle 2 with the dev approver set (2 of 3)\n");
         // The access section with the dev tunnel keys, so bcd-dev exec/shell/forward work.
-        (void)control.ApplySpec("dev-node-1", "{}", std::chrono::seconds(10));
-        std::printf("\nready: bcd-dev run inventory.refresh   (in another shell)\n\n");
+        (void)control.ApplySpec(node_id, "{}", std::chrono::seconds(10));
+        std::printf("\nready: bcd-dev run inventory.refresh   (in another shell)\n");
+        if (site) {
+          std::printf(
+              "       bcd-dev run bmc.powerStatus '{\"bmc\": {\"address\": \"127.0.0.1\", "
+              "\"credential_ref\": \"bmc/dev\"}}'   (Redfish)\n");
+          if (ipmi) {
+            std::printf(
+                "       bcd-dev run bmc.powerOn '{\"bmc\": {\"address\": \"127.0.0.2\", "
+                "\"credential_ref\": \"bmc/dev\"}}'   (IPMI)\n");
+          }
+        }
+        std::printf("\n");
       }
     }
-    auto frames = (*gateway)->Received("dev-node-1");
+    auto frames = (*gateway)->Received(node_id);
     for (; shown < frames.size(); ++shown)
       std::printf("gateway: received %s\n", bcd::testing::ProtoJson(frames[shown]).c_str());
     std::fflush(stdout);
   }
   if (node > 0) {
     kill(node, SIGTERM);
-    std::printf("\nbcd node stopped with SIGTERM, exit %d\n", WaitChild(node));
+    std::printf("\nbcd %s stopped with SIGTERM, exit %d\n", mode, WaitChild(node));
   }
   std::printf("\n$ bcd status --config %s\n", config.c_str());
   std::fflush(stdout);

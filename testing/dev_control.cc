@@ -94,6 +94,9 @@ absl::StatusOr<std::string> DevControlPlane::Run(const std::string& node, const 
   }
   command.set_node_id(node);
   command.set_kind(kind);
+  // Every dev command is one step of one workflow: secrets for dev commands are bound to it.
+  command.set_workflow_id("dev");
+  command.set_step_id("dev");
   command.set_payload(payload->SerializeAsString());
   auto now = static_cast<uint64_t>(std::time(nullptr));
   command.set_issued_at(now);

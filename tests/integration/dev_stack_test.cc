@@ -15,6 +15,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "testing/bmc_emulators.h"
 #include "testing/child_process.h"
 #include "testing/dev_control.h"
 #include "testing/dev_gateway.h"
@@ -149,6 +150,46 @@ TEST(DevStack, UpWithWebSocketRunsCommandsOverIt) {
   kill(up, SIGTERM);
   EXPECT_EQ(bcd::testing::WaitChild(up), 0);
   EXPECT_NE(printed.out.find("[websocket]"), std::string::npos) << printed.out;
+}
+
+// bcd-dev up --site: a site agent and two BMCs, Redfish where it is served, IPMI on the other.
+TEST(DevStack, UpSiteDrivesARedfishAndAnIpmiBmc) {
+  FakeRoot dir;
+  std::string stack = (dir.path() / "stack").string();
+  setenv("XDG_RUNTIME_DIR", dir.path().c_str(), 1);
+  std::string out = (dir.path() / "up.out").string();
+  pid_t up = bcd::testing::SpawnChild({"sh", "-c",
+                                       "exec " + std::string(BCD_DEV_BINARY) + " up --site --dir " +
+                                           stack + " --seconds 120 --bcd " + BCD_BINARY + " > " +
+                                           out + " 2>&1"});
+  ASSERT_GT(up, 0);
+  std::string tool = std::string(BCD_DEV_BINARY);
+  Ran ready = FirstRun(tool, stack);
+  EXPECT_EQ(ready.status, 0) << ready.out;
+  Ran redfish = RunTool(tool +
+                        " run bmc.powerStatus '{\"bmc\": {\"address\": \"127.0.0.1\", "
+                        "\"credential_ref\": \"bmc/dev\"}}' --dir " +
+                        stack);
+  EXPECT_EQ(redfish.status, 0) << redfish.out;
+  EXPECT_NE(redfish.out.find("\"protocol\": \"BMC_PROTOCOL_REDFISH\""), std::string::npos)
+      << redfish.out;
+  if (bcd::testing::HaveIpmiSim()) {
+    Ran ipmi = RunTool(tool +
+                       " run bmc.powerOn '{\"bmc\": {\"address\": \"127.0.0.2\", "
+                       "\"credential_ref\": \"bmc/dev\"}}' --dir " +
+                       stack);
+    EXPECT_EQ(ipmi.status, 0) << ipmi.out;
+    EXPECT_NE(ipmi.out.find("\"power_state\": \"on\""), std::string::npos) << ipmi.out;
+    EXPECT_NE(ipmi.out.find("\"protocol\": \"BMC_PROTOCOL_IPMI\""), std::string::npos) << ipmi.out;
+  }
+  kill(up, SIGTERM);
+  EXPECT_EQ(bcd::testing::WaitChild(up), 0);
+  std::string printed = RunTool("cat " + out).out;
+  EXPECT_NE(printed.find("gateway: Hello from dev-site-1"), std::string::npos) << printed;
+  EXPECT_NE(printed.find("\"role\":\"ROLE_SITE\""), std::string::npos) << printed;
+  // The emulator and ipmi_sim went with the stack.
+  // (bm[c]: the pattern does not match the shell that runs pgrep)
+  EXPECT_EQ(RunTool("pgrep -f '" + stack + "/bm[c]/'").out, "");
 }
 
 // The fds of process `pid`, by number.
