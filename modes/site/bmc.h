@@ -18,7 +18,9 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -69,10 +71,23 @@ class BmcSession {
 // not offered), the ComputerSystem by id.
 absl::StatusOr<std::unique_ptr<BmcSession>> OpenRedfish(const BmcEndpoint& endpoint);
 
+// The cipher suite each BMC took last ("host:port" to "17" or "3"), so that a BMC that refuses 17
+// is not asked for it again by every command. Thread-safe.
+class IpmiSuites {
+ public:
+  std::string For(const std::string& bmc) const;  // "" when none is known
+  void Remember(const std::string& bmc, const std::string& suite);
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, std::string> suites_;
+};
+
 // IPMI over LAN (lanplus) through ipmitool: the password by environment, cipher suite 17, then 3.
 struct IpmiOptions {
   std::string ipmitool = "ipmitool";
   std::filesystem::path work_dir;  // 0700: the file a new password goes through, removed at once
+  std::shared_ptr<IpmiSuites> suites;  // may be null: every session finds its suite again
 };
 absl::StatusOr<std::unique_ptr<BmcSession>> OpenIpmi(const BmcEndpoint& endpoint,
                                                      const IpmiOptions& options);

@@ -38,12 +38,23 @@ class IpmiSession final : public BmcSession {
   IpmiSession(BmcEndpoint endpoint, IpmiOptions options)
       : e_(std::move(endpoint)), options_(std::move(options)) {}
 
-  // A first call logs in: it finds the cipher suite and checks the credential.
+  // A first call logs in: it finds the cipher suite (the one this BMC took last, else 17, then
+  // 3) and checks the credential. What it read is the first PowerState's answer.
   absl::Status Open() {
-    for (const char* suite : {"17", "3"}) {
+    std::string bmc = fmt::format("{}:{}", e_.host, e_.port);
+    std::vector<std::string> suites = {"17", "3"};
+    if (options_.suites) {
+      std::string known = options_.suites->For(bmc);
+      if (known == "3") suites = {"3", "17"};
+    }
+    for (const std::string& suite : suites) {
       cipher_ = suite;
       absl::StatusOr<std::string> out = Call({"chassis", "power", "status"});
-      if (out.ok()) return absl::OkStatus();
+      if (out.ok()) {
+        if (options_.suites) options_.suites->Remember(bmc, suite);
+        first_status_ = *std::move(out);
+        return absl::OkStatus();
+      }
       if (!cipher_refused_) return out.status();
     }
     return absl::FailedPreconditionError(
@@ -51,7 +62,12 @@ class IpmiSession final : public BmcSession {
   }
 
   absl::StatusOr<std::string> PowerState() override {
-    absl::StatusOr<std::string> out = Call({"chassis", "power", "status"});
+    absl::StatusOr<std::string> out;
+    if (first_status_) {
+      out = *std::exchange(first_status_, std::nullopt);
+    } else {
+      out = Call({"chassis", "power", "status"});
+    }
     if (!out.ok()) return out.status();
     if (absl::StrContains(*out, "Chassis Power is on")) return std::string("on");
     if (absl::StrContains(*out, "Chassis Power is off")) return std::string("off");
@@ -262,9 +278,22 @@ class IpmiSession final : public BmcSession {
   IpmiOptions options_;
   std::string cipher_ = "17";
   bool cipher_refused_ = false;
+  std::optional<std::string> first_status_;  // Open's answer, not read again
 };
 
 }  // namespace
+
+std::string IpmiSuites::For(const std::string& bmc) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto found = suites_.find(bmc);
+  return found == suites_.end() ? std::string() : found->second;
+}
+
+void IpmiSuites::Remember(const std::string& bmc, const std::string& suite) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (suites_.size() >= 4096 && !suites_.contains(bmc)) suites_.clear();  // bounded
+  suites_[bmc] = suite;
+}
 
 absl::StatusOr<std::unique_ptr<BmcSession>> OpenIpmi(const BmcEndpoint& endpoint,
                                                      const IpmiOptions& options) {

@@ -428,7 +428,8 @@ absl::Status RegisterBmcKinds(const ModeContext& context, const BmcOptions& opti
   // Owned by the handlers' closure: one shared context for all six, kept as long as the dispatcher.
   auto shared = std::make_shared<BmcContext>();
   shared->options = options;
-  shared->ipmi = {.ipmitool = options.ipmitool, .work_dir = work};
+  shared->ipmi = {
+      .ipmitool = options.ipmitool, .work_dir = work, .suites = std::make_shared<IpmiSuites>()};
   shared->secrets = context.secrets;
   shared->log = context.log;
   std::shared_ptr<const BmcContext> c = shared;
