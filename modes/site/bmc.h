@@ -18,12 +18,15 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/subprocess.h"
 #include "transport/http_client.h"
 
 namespace bcd {
@@ -42,6 +45,11 @@ struct BmcEndpoint {
   const std::atomic<bool>* stop = nullptr;         // turns true on cancel or timeout
   // How long each exchange may take at most (always within `deadline`).
   std::chrono::milliseconds exchange_timeout{std::chrono::seconds(20)};
+  // How often WaitForPower asks while the state has not followed.
+  std::chrono::milliseconds poll_interval{250};
+  // Redfish: how a request reaches the BMC; HttpDeviceExchange when unset (the fuzz target
+  // answers with its own bytes).
+  std::function<absl::StatusOr<DeviceAnswer>(const DeviceRequest&)> exchange;
 };
 
 // The boot device asked for: pxe, disk, cdrom or bios.
@@ -88,6 +96,11 @@ struct IpmiOptions {
   std::string ipmitool = "ipmitool";
   std::filesystem::path work_dir;  // 0700: the file a new password goes through, removed at once
   std::shared_ptr<IpmiSuites> suites;  // may be null: every session finds its suite again
+  // How ipmitool is run; RunTool when unset (the fuzz target answers with its own words).
+  std::function<absl::StatusOr<ToolRun>(
+      const std::vector<std::string>& argv, const std::vector<std::string>& env,
+      std::chrono::milliseconds timeout, const std::atomic<bool>* stop)>
+      run;
 };
 absl::StatusOr<std::unique_ptr<BmcSession>> OpenIpmi(const BmcEndpoint& endpoint,
                                                      const IpmiOptions& options);

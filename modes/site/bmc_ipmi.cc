@@ -232,9 +232,10 @@ class IpmiSession final : public BmcSession {
                                      "2",
                                      "-v"};
     argv.insert(argv.end(), args.begin(), args.end());
-    absl::StatusOr<ToolRun> run =
-        RunTool(argv, {"IPMI_PASSWORD=" + e_.password},
-                std::min(left, std::chrono::milliseconds(15000)), e_.stop, 64 * 1024);
+    std::vector<std::string> env = {"IPMI_PASSWORD=" + e_.password};
+    std::chrono::milliseconds limit = std::min(left, std::chrono::milliseconds(15000));
+    absl::StatusOr<ToolRun> run = options_.run ? options_.run(argv, env, limit, e_.stop)
+                                               : RunTool(argv, env, limit, e_.stop, 64 * 1024);
     if (!run.ok()) {
       if (absl::IsNotFound(run.status())) {
         return absl::FailedPreconditionError(

@@ -103,6 +103,39 @@ absl::Status CheckTarget(const site::BmcTarget& target) {
   return absl::OkStatus();
 }
 
+// Whether `text` is well-formed UTF-8 (no overlongs, surrogates or code points past U+10FFFF).
+bool IsUtf8(std::string_view text) {
+  std::size_t i = 0;
+  while (i < text.size()) {
+    auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    std::size_t n = 0;
+    uint32_t cp = 0;
+    if ((c >> 5) == 0x6) {
+      n = 1, cp = c & 0x1f;
+    } else if ((c >> 4) == 0xe) {
+      n = 2, cp = c & 0x0f;
+    } else if ((c >> 3) == 0x1e) {
+      n = 3, cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + n >= text.size()) return false;
+    for (std::size_t k = 1; k <= n; ++k) {
+      auto next = static_cast<unsigned char>(text[i + k]);
+      if ((next & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (next & 0x3f);
+    }
+    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += n + 1;
+  }
+  return true;
+}
+
 // "user:password", split at the first colon.
 absl::StatusOr<std::pair<std::string, std::string>> SplitCredential(const std::string& value,
                                                                     const std::string& ref) {
@@ -110,6 +143,11 @@ absl::StatusOr<std::pair<std::string, std::string>> SplitCredential(const std::s
   if (colon == std::string::npos || colon == 0) {
     return absl::InvalidArgumentError(
         fmt::format("the secret {} is not a BMC credential (user:password)", ref));
+  }
+  // Redfish sends both in JSON, which holds text only.
+  if (!IsUtf8(value)) {
+    return absl::InvalidArgumentError(
+        fmt::format("the secret {} is not a BMC credential: it is not UTF-8 text", ref));
   }
   return std::make_pair(value.substr(0, colon), value.substr(colon + 1));
 }

@@ -50,6 +50,21 @@ std::string Base64(std::string_view in) {
 constexpr std::pair<const char*, const char*> kBootTargets[] = {
     {"pxe", "Pxe"}, {"disk", "Hdd"}, {"cdrom", "Cd"}, {"bios", "BiosSetup"}, {"none", "None"}};
 
+// What a BMC sends is read without trusting its shape: a member of something that is not an
+// object is null, a string that is not a string is "".
+const json& Field(const json& j, const char* key) {
+  static const json kNull;
+  if (!j.is_object()) return kNull;
+  auto found = j.find(key);
+  return found == j.end() ? kNull : *found;
+}
+std::string Text(const json& j, const char* key) {
+  const json& f = Field(j, key);
+  return f.is_string() ? f.get<std::string>() : std::string();
+}
+// The @odata.id of the link `key` of `j`.
+std::string Link(const json& j, const char* key) { return Text(Field(j, key), "@odata.id"); }
+
 std::string StringsOf(const json& array) {
   std::vector<std::string> names;
   if (array.is_array()) {
@@ -96,7 +111,7 @@ class RedfishSession final : public BmcSession {
   absl::StatusOr<std::string> PowerState() override {
     absl::StatusOr<json> system = Get(system_path_);
     if (!system.ok()) return system.status();
-    std::string state = system->value("PowerState", "");
+    std::string state = Text(*system, "PowerState");
     if (state == "On") return std::string("on");
     if (state == "Off") return std::string("off");
     if (state == "PoweringOn") return std::string("powering-on");
@@ -107,13 +122,13 @@ class RedfishSession final : public BmcSession {
   absl::Status Power(PowerAction action) override {
     absl::StatusOr<json> system = Get(system_path_);
     if (!system.ok()) return system.status();
-    const json& reset = (*system)["Actions"]["#ComputerSystem.Reset"];
-    std::string target = reset.is_object() ? reset.value("target", "") : "";
+    const json& reset = Field(Field(*system, "Actions"), "#ComputerSystem.Reset");
+    std::string target = Text(reset, "target");
     if (target.empty()) {
       return absl::FailedPreconditionError(
           fmt::format("{}: the system offers no ComputerSystem.Reset action", Where()));
     }
-    json allowed = reset.value("ResetType@Redfish.AllowableValues", json());
+    const json& allowed = Field(reset, "ResetType@Redfish.AllowableValues");
     auto offered = [&](const std::string& type) {
       // A BMC that lists nothing is taken to allow the standard types.
       return !allowed.is_array() || Contains(allowed, type);
@@ -163,12 +178,12 @@ class RedfishSession final : public BmcSession {
       if (!got.ok()) return got.status();
       json system = json::parse(got->body, nullptr, false);
       if (got->status != 200 || !system.is_object()) return Refused("GET", system_path_, *got);
-      const json& boot = system["Boot"];
+      const json& boot = Field(system, "Boot");
       if (!boot.is_object()) {
         return absl::FailedPreconditionError(
             fmt::format("{}: the system has no boot override (no Boot property)", Where()));
       }
-      json targets = boot.value("BootSourceOverrideTarget@Redfish.AllowableValues", json());
+      const json& targets = Field(boot, "BootSourceOverrideTarget@Redfish.AllowableValues");
       if (targets.is_array() && !Contains(targets, target)) {
         return absl::FailedPreconditionError(
             fmt::format("{}: the BMC does not offer boot from {} ({}); it offers {}", Where(),
@@ -199,9 +214,9 @@ class RedfishSession final : public BmcSession {
   absl::StatusOr<std::string> BootDevice() override {
     absl::StatusOr<json> system = Get(system_path_);
     if (!system.ok()) return system.status();
-    const json& boot = (*system)["Boot"];
-    std::string target = boot.is_object() ? boot.value("BootSourceOverrideTarget", "") : "";
-    std::string enabled = boot.is_object() ? boot.value("BootSourceOverrideEnabled", "") : "";
+    const json& boot = Field(*system, "Boot");
+    std::string target = Text(boot, "BootSourceOverrideTarget");
+    std::string enabled = Text(boot, "BootSourceOverrideEnabled");
     if (enabled == "Disabled") return std::string("none");
     for (const auto& [ours, theirs] : kBootTargets) {
       if (target == theirs) return std::string(ours);
@@ -213,21 +228,22 @@ class RedfishSession final : public BmcSession {
     if (account_path_.empty()) {
       absl::StatusOr<json> service = Get("/redfish/v1");
       if (!service.ok()) return service.status();
-      std::string accounts_service = (*service)["AccountService"].value("@odata.id", "");
+      std::string accounts_service = Link(*service, "AccountService");
       if (accounts_service.empty()) {
         return absl::FailedPreconditionError(
             fmt::format("{}: the BMC offers no AccountService", Where()));
       }
       absl::StatusOr<json> accounts_root = Get(accounts_service);
       if (!accounts_root.ok()) return accounts_root.status();
-      std::string accounts = (*accounts_root)["Accounts"].value("@odata.id", "");
+      std::string accounts = Link(*accounts_root, "Accounts");
       absl::StatusOr<json> members = Get(accounts);
       if (!members.ok()) return members.status();
-      for (const json& member : (*members)["Members"]) {
-        std::string path = member.value("@odata.id", "");
+      const json& list = Field(*members, "Members");
+      for (const json& member : list.is_array() ? list : json::array()) {
+        std::string path = Text(member, "@odata.id");
         absl::StatusOr<json> account = Get(path);
         if (!account.ok()) return account.status();
-        if (account->value("UserName", "") == e_.user) {
+        if (Text(*account, "UserName") == e_.user) {
           account_path_ = path;
           break;
         }
@@ -267,6 +283,14 @@ class RedfishSession final : public BmcSession {
   absl::StatusOr<DeviceAnswer> Exchange(const std::string& method, const std::string& path,
                                         const std::string& body, bool auth = true,
                                         std::map<std::string, std::string> headers = {}) {
+    // Paths come from the BMC's own links: one that is not a plain path is not followed.
+    bool plain = !path.empty() && path[0] == '/' && path.size() <= 1024;
+    for (char c : path) plain = plain && static_cast<unsigned char>(c) > ' ' && c != 0x7f;
+    if (!plain) {
+      return absl::FailedPreconditionError(
+          fmt::format("{}: the BMC linked to something that is not a path: \"{}\"", Where(),
+                      path.substr(0, 100)));
+    }
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(e_.deadline - Clock::now());
     if (left.count() <= 0) {
       return absl::DeadlineExceededError(fmt::format("{}: out of time", Where()));
@@ -287,12 +311,14 @@ class RedfishSession final : public BmcSession {
     if (auth && token_.empty()) {
       request.headers["Authorization"] = "Basic " + Base64(e_.user + ":" + e_.password);
     }
-    absl::StatusOr<DeviceAnswer> answer = HttpDeviceExchange(request);
+    absl::StatusOr<DeviceAnswer> answer =
+        e_.exchange ? e_.exchange(request) : HttpDeviceExchange(request);
     if (!answer.ok()) {
       // The exchange's own errors start with the host; say which BMC and protocol.
+      std::string why(ToStd(answer.status().message()));
+      if (why.starts_with(e_.host + ": ")) why = why.substr(e_.host.size() + 2);
       return absl::Status(answer.status().code(),
-                          fmt::format("BMC {} (Redfish): {}", e_.host,
-                                      ToStd(answer.status().message()).substr(e_.host.size() + 2)));
+                          fmt::format("BMC {} (Redfish): {}", e_.host, why));
     }
     if (auth && (answer->status == 401 || answer->status == 403)) {
       return absl::UnauthenticatedError(
@@ -303,10 +329,6 @@ class RedfishSession final : public BmcSession {
   }
 
   absl::StatusOr<json> Get(const std::string& path) {
-    if (path.empty() || path[0] != '/') {
-      return absl::FailedPreconditionError(
-          fmt::format("{}: a link that is not a path: \"{}\"", Where(), path.substr(0, 100)));
-    }
     absl::StatusOr<DeviceAnswer> answer = Exchange("GET", path, "");
     if (!answer.ok()) return answer.status();
     json body = json::parse(answer->body, nullptr, false);
@@ -319,11 +341,13 @@ class RedfishSession final : public BmcSession {
     // A Redfish error names itself in error.message or @Message.ExtendedInfo.
     std::string why;
     json body = json::parse(answer.body, nullptr, false);
-    if (body.is_object() && body["error"].is_object()) {
-      why = body["error"].value("message", "");
-      const json& info = body["error"]["@Message.ExtendedInfo"];
-      if (info.is_array() && !info.empty() && info[0].is_object())
-        why = info[0].value("Message", why);
+    const json& error = Field(body, "error");
+    why = Text(error, "message");
+    const json& info = Field(error, "@Message.ExtendedInfo");
+    if (info.is_array() && !info.empty() && !Text(info[0], "Message").empty())
+      why = Text(info[0], "Message");
+    for (char& c : why) {
+      if (static_cast<unsigned char>(c) < ' ') c = ' ';  // one line, whatever the BMC sent
     }
     std::string text = fmt::format("{}: {} {} answered {}{}{}", Where(), method, path,
                                    answer.status, why.empty() ? "" : ": ", why.substr(0, 200));
@@ -337,13 +361,12 @@ class RedfishSession final : public BmcSession {
   static std::string EtagOf(const DeviceAnswer& answer, const json& body) {
     auto header = answer.headers.find("etag");
     if (header != answer.headers.end()) return header->second;
-    return body.is_object() ? body.value("@odata.etag", "") : "";
+    return Text(body, "@odata.etag");
   }
 
   absl::Status LogIn(const json& service) {
     std::string sessions;
-    if (service["Links"].is_object() && service["Links"]["Sessions"].is_object())
-      sessions = service["Links"]["Sessions"].value("@odata.id", "");
+    sessions = Link(Field(service, "Links"), "Sessions");
     if (!sessions.empty()) {
       json login = {{"UserName", e_.user}, {"Password", e_.password}};
       absl::StatusOr<DeviceAnswer> answer =
@@ -374,8 +397,7 @@ class RedfishSession final : public BmcSession {
   }
 
   absl::Status FindSystem(const json& service) {
-    std::string systems =
-        service["Systems"].is_object() ? service["Systems"].value("@odata.id", "") : std::string();
+    std::string systems = Link(service, "Systems");
     if (systems.empty()) {
       return absl::FailedPreconditionError(
           fmt::format("{}: the service root links no Systems", Where()));
@@ -383,9 +405,9 @@ class RedfishSession final : public BmcSession {
     absl::StatusOr<json> collection = Get(systems);
     if (!collection.ok()) return collection.status();
     std::vector<std::string> ids;
-    for (const json& member : (*collection)["Members"]) {
-      if (!member.is_object()) continue;
-      std::string path = member.value("@odata.id", "");
+    const json& members = Field(*collection, "Members");
+    for (const json& member : members.is_array() ? members : json::array()) {
+      std::string path = Text(member, "@odata.id");
       std::string id = path.substr(path.find_last_of('/') + 1);
       if (path.empty()) continue;
       ids.push_back(id);
@@ -429,11 +451,12 @@ absl::StatusOr<std::string> WaitForPower(BmcSession& session, const BmcEndpoint&
   for (;;) {
     absl::StatusOr<std::string> state = session.PowerState();
     if (!state.ok() || *state == want) return state;
-    if (Clock::now() + std::chrono::milliseconds(300) >= endpoint.deadline ||
+    if (Clock::now() + endpoint.poll_interval + std::chrono::milliseconds(50) >=
+            endpoint.deadline ||
         (endpoint.stop != nullptr && endpoint.stop->load())) {
       return state;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    std::this_thread::sleep_for(endpoint.poll_interval);
   }
 }
 

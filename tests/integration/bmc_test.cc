@@ -52,6 +52,7 @@ class Bmc : public ::testing::Test {
     node_->gateway->AddSecret("bmc/new", std::string("admin:") + kNewPassword,
                               {"wf-1", "step-1", ""});
     node_->gateway->AddSecret("bmc/wrong", "admin:not-the-password", {"wf-1", "step-1", ""});
+    node_->gateway->AddSecret("bmc/latin1", "admin:p\xe4ss", {"wf-1", "step-1", ""});
     node_->Start(std::make_unique<SiteMode>());
     EXPECT_TRUE(node_->gateway->WaitForWelcomes(1, kWait));
   }
@@ -242,6 +243,9 @@ TEST_F(Bmc, RedfishFailuresNameTheBmcAndTheCause) {
       Failure("c-wrong", "bmc.powerStatus", PowerPayload(Redfish(*bmc, "bmc/wrong")));
   EXPECT_NE(wrong.find(where + ": the BMC refused the credential of admin"), std::string::npos)
       << wrong;
+  std::string latin1 =
+      Failure("c-latin1", "bmc.powerStatus", PowerPayload(Redfish(*bmc, "bmc/latin1")));
+  EXPECT_EQ(latin1, "the secret bmc/latin1 is not a BMC credential: it is not UTF-8 text");
   site::BmcTarget pinned = Redfish(*bmc);
   pinned.set_tls_spki_sha256(std::string(32, 'x'));
   std::string pin = Failure("c-pin", "bmc.powerStatus", PowerPayload(pinned));
