@@ -469,138 +469,195 @@ std::string PeerSpkiSha256(SSL* ssl) {
 
 }  // namespace
 
-absl::StatusOr<DeviceAnswer> HttpDeviceExchange(const DeviceRequest& request) {
-  const std::string& host = request.host;
-  Deadline deadline = std::chrono::steady_clock::now() + request.timeout;
+// One TLS connection to a device, kept while the device keeps it (HTTP/1.1 keep-alive).
+struct DeviceConnection::Impl {
   net::io_context ioc;
-  auto await = [&](auto start, auto cancel) {
+  std::unique_ptr<ssl::context> context;
+  std::unique_ptr<beast::ssl_stream<beast::tcp_stream>> stream;
+  beast::flat_buffer buffer;
+  std::string host;  // what the open connection reaches
+  uint16_t port = 0;
+
+  // Runs the async operation `start` begins until it completes, cancelling it on `stop`.
+  template <class Start>
+  beast::error_code Await(const DeviceRequest& request, Start start) {
     beast::error_code result;
     bool done = false;
     start([&](beast::error_code ec) {
       result = ec;
       done = true;
     });
-    RunWatching(ioc, request.stop, cancel);
-    if (!done) return beast::error_code(net::error::operation_aborted);
+    RunWatching(ioc, request.stop, [&] { beast::get_lowest_layer(*stream).cancel(); });
+    if (!done) return net::error::operation_aborted;
     return result;
-  };
-  auto lost = [&](std::string_view what, const beast::error_code& ec) {
+  }
+
+  absl::Status Lost(const DeviceRequest& request, std::string_view what,
+                    const beast::error_code& ec) const {
     if (request.stop != nullptr && request.stop->load())
-      return absl::CancelledError(fmt::format("{}: stopped", host));
+      return absl::CancelledError(fmt::format("{}: stopped", request.host));
     if (ec == beast::error::timeout || ec == net::error::operation_aborted)
-      return absl::UnavailableError(fmt::format("{}: {}timed out", host, what));
-    return absl::UnavailableError(fmt::format("{}: {}{}", host, what, ec.message()));
-  };
-  std::vector<tcp::endpoint> endpoints;
-  beast::error_code ec;
-  net::ip::address literal = net::ip::make_address(host, ec);
-  bool is_ip = !ec;
-  if (is_ip) {
-    endpoints.emplace_back(literal, request.port);
-  } else {
-    tcp::resolver resolver(ioc);
-    ec = await(
-        [&](auto done) {
-          resolver.async_resolve(host, std::to_string(request.port),
-                                 [&, done](beast::error_code e, tcp::resolver::results_type found) {
-                                   for (const auto& entry : found)
-                                     endpoints.push_back(entry.endpoint());
-                                   done(e);
-                                 });
-        },
-        [&] { resolver.cancel(); });
-    if (ec) return lost("cannot resolve: ", ec);
-    if (endpoints.empty()) return absl::UnavailableError(fmt::format("{}: no address", host));
+      return absl::UnavailableError(fmt::format("{}: {}timed out", request.host, what));
+    return absl::UnavailableError(fmt::format("{}: {}{}", request.host, what, ec.message()));
   }
 
-  ssl::context context(ssl::context::tls_client);
-  SSL_CTX_set_min_proto_version(context.native_handle(), TLS1_3_VERSION);
-  const DeviceTrust& trust = request.trust;
-  if (!trust.ca_file.empty()) {
-    context.load_verify_file(trust.ca_file, ec);
-    if (ec) {
+  void Close() {
+    stream.reset();
+    context.reset();
+    buffer.clear();
+  }
+
+  // Resolves, connects, shakes hands and checks the certificate the way `request.trust` says.
+  absl::Status Connect(const DeviceRequest& request, std::chrono::steady_clock::time_point end) {
+    Close();
+    const std::string& host = request.host;
+    std::vector<tcp::endpoint> endpoints;
+    beast::error_code ec;
+    net::ip::address literal = net::ip::make_address(host, ec);
+    bool is_ip = !ec;
+    if (is_ip) {
+      endpoints.emplace_back(literal, request.port);
+    } else {
+      tcp::resolver resolver(ioc);
+      bool done = false;
+      resolver.async_resolve(host, std::to_string(request.port),
+                             [&](beast::error_code e, tcp::resolver::results_type found) {
+                               for (const auto& entry : found)
+                                 endpoints.push_back(entry.endpoint());
+                               ec = e;
+                               done = true;
+                             });
+      RunWatching(ioc, request.stop, [&] { resolver.cancel(); });
+      if (!done) ec = net::error::operation_aborted;
+      if (ec) return Lost(request, "cannot resolve: ", ec);
+      if (endpoints.empty()) return absl::UnavailableError(fmt::format("{}: no address", host));
+    }
+    context = std::make_unique<ssl::context>(ssl::context::tls_client);
+    SSL_CTX_set_min_proto_version(context->native_handle(), TLS1_3_VERSION);
+    const DeviceTrust& trust = request.trust;
+    if (!trust.ca_file.empty()) {
+      context->load_verify_file(trust.ca_file, ec);
+      if (ec) {
+        return absl::FailedPreconditionError(
+            fmt::format("{}: cannot read the CA file {}: {}", host, trust.ca_file, ec.message()));
+      }
+      context->set_verify_mode(ssl::verify_peer);
+    } else if (trust.spki_sha256.size() == 32 || trust.unverified) {
+      context->set_verify_mode(ssl::verify_none);  // the pin is checked after the handshake
+    } else {
       return absl::FailedPreconditionError(
-          fmt::format("{}: cannot read the CA file {}: {}", host, trust.ca_file, ec.message()));
+          fmt::format("{}: no way to trust its certificate", host));
     }
-    context.set_verify_mode(ssl::verify_peer);
-  } else if (trust.spki_sha256.size() == 32 || trust.unverified) {
-    context.set_verify_mode(ssl::verify_none);  // the pin is checked after the handshake
-  } else {
-    return absl::FailedPreconditionError(fmt::format("{}: no way to trust its certificate", host));
-  }
-  beast::ssl_stream<beast::tcp_stream> stream(ioc, context);
-  beast::tcp_stream& tcp = beast::get_lowest_layer(stream);
-  if (!is_ip) {  // an IP literal sends no SNI
-    SSL_set_tlsext_host_name(stream.native_handle(), host.c_str());
-    if (!trust.ca_file.empty()) SSL_set1_host(stream.native_handle(), host.c_str());
-  } else if (!trust.ca_file.empty()) {
-    X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(stream.native_handle()), host.c_str());
-  }
-  tcp.expires_after(Left(deadline));
-  ec = await(
-      [&](auto done) {
-        tcp.async_connect(endpoints,
-                          [done](beast::error_code e, const tcp::endpoint&) { done(e); });
-      },
-      [&] { tcp.cancel(); });
-  if (ec) return lost("", ec);
-  tcp.expires_after(Left(deadline));
-  ec = await([&](auto done) { stream.async_handshake(ssl::stream_base::client, done); },
-             [&] { tcp.cancel(); });
-  if (ec) {
-    long verify = SSL_get_verify_result(stream.native_handle());
-    if (!trust.ca_file.empty() && verify != X509_V_OK) {
-      return absl::PermissionDeniedError(
-          fmt::format("{}: TLS: its certificate does not chain to {} for this address: {}", host,
-                      trust.ca_file, X509_verify_cert_error_string(verify)));
+    stream = std::make_unique<beast::ssl_stream<beast::tcp_stream>>(ioc, *context);
+    if (!is_ip) {  // an IP literal sends no SNI
+      SSL_set_tlsext_host_name(stream->native_handle(), host.c_str());
+      if (!trust.ca_file.empty()) SSL_set1_host(stream->native_handle(), host.c_str());
+    } else if (!trust.ca_file.empty()) {
+      X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(stream->native_handle()), host.c_str());
     }
-    return lost("TLS: ", ec);
-  }
-  if (trust.ca_file.empty() && !trust.unverified) {
-    std::string got = PeerSpkiSha256(stream.native_handle());
-    if (got != trust.spki_sha256) {
-      return absl::PermissionDeniedError(
-          fmt::format("{}: TLS: its certificate's key has sha256 {}, not the pinned {}", host,
-                      Hex(got), Hex(trust.spki_sha256)));
+    beast::tcp_stream& tcp = beast::get_lowest_layer(*stream);
+    tcp.expires_after(Left(end));
+    ec = Await(request, [&](auto done) {
+      tcp.async_connect(endpoints, [done](beast::error_code e, const tcp::endpoint&) { done(e); });
+    });
+    if (ec) return Lost(request, "", ec);
+    tcp.expires_after(Left(end));
+    ec =
+        Await(request, [&](auto done) { stream->async_handshake(ssl::stream_base::client, done); });
+    if (ec) {
+      long verify = SSL_get_verify_result(stream->native_handle());
+      if (!trust.ca_file.empty() && verify != X509_V_OK) {
+        return absl::PermissionDeniedError(
+            fmt::format("{}: TLS: its certificate does not chain to {} for this address: {}", host,
+                        trust.ca_file, X509_verify_cert_error_string(verify)));
+      }
+      return Lost(request, "TLS: ", ec);
     }
+    if (trust.ca_file.empty() && !trust.unverified) {
+      std::string got = PeerSpkiSha256(stream->native_handle());
+      if (got != trust.spki_sha256) {
+        Close();
+        return absl::PermissionDeniedError(
+            fmt::format("{}: TLS: its certificate's key has sha256 {}, not the pinned {}", host,
+                        Hex(got), Hex(trust.spki_sha256)));
+      }
+    }
+    this->host = host;
+    port = request.port;
+    return absl::OkStatus();
   }
 
-  http::request<http::string_body> out{http::string_to_verb(request.method), request.target, 11};
-  std::string host_header = host.find(':') != std::string::npos ? "[" + host + "]" : host;
-  if (request.port != 443) host_header += ":" + std::to_string(request.port);
-  out.set(http::field::host, host_header);
-  out.set(http::field::user_agent, "bcd/" + std::string(Version()));
-  out.set(http::field::connection, "close");
-  for (const auto& [name, value] : request.headers) out.set(name, value);
-  if (!request.body.empty()) out.body() = request.body;
-  out.prepare_payload();
-  beast::flat_buffer buffer;
-  http::response_parser<http::string_body> parser;
-  parser.body_limit(request.max_body);
-  tcp.expires_after(Left(deadline));
-  ec = await(
-      [&](auto done) {
-        http::async_write(stream, out, [&, done](beast::error_code e, std::size_t) {
-          if (e) return done(e);
-          http::async_read(stream, buffer, parser,
-                           [done](beast::error_code e2, std::size_t) { done(e2); });
-        });
-      },
-      [&] { tcp.cancel(); });
-  if (ec == http::error::body_limit) {
-    return absl::ResourceExhaustedError(
-        fmt::format("{}: an answer larger than {} bytes", host, request.max_body));
+  // Sends the request on the open connection and reads the answer. `*answered_nothing` tells, on
+  // an error, that the device closed the connection before a byte of an answer came.
+  absl::StatusOr<DeviceAnswer> RoundTrip(const DeviceRequest& request,
+                                         std::chrono::steady_clock::time_point end,
+                                         bool* answered_nothing) {
+    http::request<http::string_body> out{http::string_to_verb(request.method), request.target, 11};
+    std::string host_header =
+        request.host.find(':') != std::string::npos ? "[" + request.host + "]" : request.host;
+    if (request.port != 443) host_header += ":" + std::to_string(request.port);
+    out.set(http::field::host, host_header);
+    out.set(http::field::user_agent, "bcd/" + std::string(Version()));
+    for (const auto& [name, value] : request.headers) out.set(name, value);
+    if (!request.body.empty()) out.body() = request.body;
+    out.keep_alive(true);
+    out.prepare_payload();
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(request.max_body);
+    beast::get_lowest_layer(*stream).expires_after(Left(end));
+    beast::error_code ec = Await(request, [&](auto done) {
+      http::async_write(*stream, out, [&, done](beast::error_code e, std::size_t) {
+        if (e) return done(e);
+        http::async_read(*stream, buffer, parser,
+                         [done](beast::error_code e2, std::size_t) { done(e2); });
+      });
+    });
+    *answered_nothing = ec && !parser.got_some() && ec != beast::error::timeout &&
+                        !(request.stop != nullptr && request.stop->load());
+    if (ec == http::error::body_limit) {
+      Close();
+      return absl::ResourceExhaustedError(
+          fmt::format("{}: an answer larger than {} bytes", request.host, request.max_body));
+    }
+    if (ec) {
+      Close();
+      return Lost(request, "", ec);
+    }
+    DeviceAnswer answer;
+    answer.status = parser.get().result_int();
+    for (const auto& field : parser.get()) {
+      std::string name(field.name_string());
+      for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      answer.headers[name] = std::string(field.value());
+    }
+    if (!parser.keep_alive()) Close();
+    answer.body = std::move(parser.get().body());
+    return answer;
   }
-  if (ec) return lost("", ec);
-  DeviceAnswer answer;
-  answer.status = parser.get().result_int();
-  for (const auto& field : parser.get()) {
-    std::string name(field.name_string());
-    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    answer.headers[name] = std::string(field.value());
+};
+
+DeviceConnection::DeviceConnection() : impl_(std::make_unique<Impl>()) {}
+DeviceConnection::~DeviceConnection() = default;
+
+absl::StatusOr<DeviceAnswer> DeviceConnection::Exchange(const DeviceRequest& request) {
+  auto end = std::chrono::steady_clock::now() + request.timeout;
+  bool reused = impl_->stream && impl_->host == request.host && impl_->port == request.port;
+  if (!reused) {
+    if (absl::Status s = impl_->Connect(request, end); !s.ok()) return s;
   }
-  answer.body = std::move(parser.get().body());
+  bool answered_nothing = false;
+  absl::StatusOr<DeviceAnswer> answer = impl_->RoundTrip(request, end, &answered_nothing);
+  // A kept connection the device closed while it was idle: once more on a new one.
+  if (!answer.ok() && reused && answered_nothing) {
+    if (absl::Status s = impl_->Connect(request, end); !s.ok()) return s;
+    answer = impl_->RoundTrip(request, end, &answered_nothing);
+  }
   return answer;
+}
+
+absl::StatusOr<DeviceAnswer> HttpDeviceExchange(const DeviceRequest& request) {
+  DeviceConnection connection;
+  return connection.Exchange(request);
 }
 
 }  // namespace bcd

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -100,5 +101,22 @@ struct DeviceAnswer {
 // Cancelled when `stop` turned true; ResourceExhausted for a body over `max_body`. Any HTTP status
 // is an answer.
 absl::StatusOr<DeviceAnswer> HttpDeviceExchange(const DeviceRequest& request);
+
+// A connection to one device for several exchanges: kept open while the device keeps it (HTTP/1.1
+// keep-alive), so a BMC's TLS handshake is paid once per command rather than once per request.
+// A kept connection the device closed while idle is replaced once, when it answered nothing.
+// Exchange errors are HttpDeviceExchange's. Not thread-safe.
+class DeviceConnection {
+ public:
+  DeviceConnection();
+  ~DeviceConnection();
+  DeviceConnection(const DeviceConnection&) = delete;
+  DeviceConnection& operator=(const DeviceConnection&) = delete;
+  absl::StatusOr<DeviceAnswer> Exchange(const DeviceRequest& request);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace bcd

@@ -312,7 +312,7 @@ class RedfishSession final : public BmcSession {
       request.headers["Authorization"] = "Basic " + Base64(e_.user + ":" + e_.password);
     }
     absl::StatusOr<DeviceAnswer> answer =
-        e_.exchange ? e_.exchange(request) : HttpDeviceExchange(request);
+        e_.exchange ? e_.exchange(request) : connection_.Exchange(request);
     if (!answer.ok()) {
       // The exchange's own errors start with the host; say which BMC and protocol.
       std::string why(ToStd(answer.status().message()));
@@ -432,6 +432,7 @@ class RedfishSession final : public BmcSession {
   }
 
   BmcEndpoint e_;
+  DeviceConnection connection_;  // one TLS connection for the command, while the BMC keeps it
   std::string token_;
   std::string session_path_;
   std::string system_path_;

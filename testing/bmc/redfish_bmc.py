@@ -114,7 +114,8 @@ def error_body(status, message):
 
 
 class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+    protocol_version = "HTTP/1.1"  # connections are kept between requests
+    disable_nagle_algorithm = True  # headers and body leave as they are written
     server_version = "dev-bmc"
     state = None
 
@@ -134,13 +135,21 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def body(self):
+    def read_body(self):
+        """Reads the request's body whatever the answer will be: on a kept connection, the next
+        request starts after it."""
         length = int(self.headers.get("Content-Length") or 0)
         if length > 1 << 16:
+            self.close_connection = True
+            self.raw_body = None
+            return
+        self.raw_body = self.rfile.read(length) if length else b""
+
+    def body(self):
+        if self.raw_body is None:
             return None
-        raw = self.rfile.read(length) if length else b""
         try:
-            return json.loads(raw) if raw else {}
+            return json.loads(self.raw_body) if self.raw_body else {}
         except ValueError:
             return None
 
@@ -165,6 +174,7 @@ class Handler(BaseHTTPRequestHandler):
     def handle_any(self, method):
         st = self.state
         path = self.path.split("?")[0].rstrip("/") or "/"
+        self.read_body()
         emulator = path.startswith("/emulator")
         entry = {"method": method, "path": path, "start": time.time()}
         with st.lock:

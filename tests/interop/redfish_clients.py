@@ -11,7 +11,9 @@ import subprocess
 import sys
 import time
 
+import requests
 import sushy
+import urllib3
 
 
 def redfishtool(port, user, password, *args):
@@ -37,6 +39,10 @@ def main():
     # sushy verifies the certificate: requests takes its CA bundle from the environment first.
     os.environ["REQUESTS_CA_BUNDLE"] = cert
     root = sushy.Sushy(f"https://127.0.0.1:{port}", username=user, password=password, verify=cert)
+    # A kept connection the server closed while it was idle is legal HTTP; requests does not try
+    # again by itself (bcd does, once): let GETs be tried again, as a careful client would.
+    root._conn._session.mount("https://", requests.adapters.HTTPAdapter(
+        max_retries=urllib3.util.retry.Retry(total=2, connect=2, read=2, status=0)))
     members = root.get_system_collection().get_members()
     seen["sushy_systems"] = [m.identity for m in members]
     system = members[0]
