@@ -4,11 +4,13 @@
 // credentials are secrets bound to the command's workflow step.
 
 #include <dirent.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -528,16 +530,30 @@ TEST_F(IpmiBmcTest, PowerAndBootDeviceOverIpmitool) {
   EXPECT_NE(std::find(calls.begin(), calls.end(), "set power 0"), calls.end());
 }
 
-// Every /proc/N/cmdline that holds `needle`, and how many ipmitool processes were seen.
+// The command lines of this process's children (what bcd, running in this test, started:
+// ipmitool among them) that hold `needle`, and how many of them were ipmitool. Other processes
+// are not looked at: a test running beside this one may pass the same password on purpose.
 struct Sweep {
   std::atomic<int> ipmitools{0};
   std::atomic<int> leaks{0};
 };
+pid_t ParentOf(const std::string& pid) {
+  std::ifstream in("/proc/" + pid + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::size_t close = stat.rfind(')');  // the name may hold spaces and parentheses
+  if (close == std::string::npos) return -1;
+  std::istringstream rest(stat.substr(close + 1));
+  std::string state;
+  pid_t parent = -1;
+  rest >> state >> parent;
+  return parent;
+}
 void SweepProc(const std::string& needle, Sweep* sweep) {
   DIR* proc = opendir("/proc");
   if (proc == nullptr) return;
   while (dirent* entry = readdir(proc)) {
     if (entry->d_name[0] < '0' || entry->d_name[0] > '9') continue;
+    if (ParentOf(entry->d_name) != getpid()) continue;
     std::ifstream in(std::string("/proc/") + entry->d_name + "/cmdline", std::ios::binary);
     std::stringstream text;
     text << in.rdbuf();
