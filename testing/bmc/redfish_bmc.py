@@ -131,6 +131,11 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("OData-Version", "4.0")
         for name, value in (headers or {}).items():
             self.send_header(name, value)
+        if not self.headers.get("User-Agent", "").startswith("bcd/"):
+            # Kept connections are for bcd only: now and then this server ends a kept one between
+            # two requests (cause not found), which bcd replaces and requests-based clients such
+            # as sushy do not.
+            self.send_header("Connection", "close")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
