@@ -21,6 +21,7 @@
 #include "base/version.h"
 #include "config/config.h"
 #include "fmt/format.h"
+#include "pki/keys.h"
 #include "proto/absl_compat.h"
 
 namespace bcd {
@@ -446,13 +447,6 @@ absl::StatusOr<Downloaded> HttpGetToFile(const DownloadRequest& request) {
 
 namespace {
 
-// The hex of `bytes`, for messages.
-std::string Hex(std::string_view bytes) {
-  std::string out;
-  for (unsigned char c : bytes) out += fmt::format("{:02x}", c);
-  return out;
-}
-
 // The sha256 of the public key of the peer's leaf certificate; empty when there is none.
 std::string PeerSpkiSha256(SSL* ssl) {
   X509* leaf = SSL_get0_peer_certificate(ssl);
@@ -579,7 +573,7 @@ struct DeviceConnection::Impl {
         Close();
         return absl::PermissionDeniedError(
             fmt::format("{}: TLS: its certificate's key has sha256 {}, not the pinned {}", host,
-                        Hex(got), Hex(trust.spki_sha256)));
+                        pki::Hex(got), pki::Hex(trust.spki_sha256)));
       }
     }
     this->host = host;
