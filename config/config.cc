@@ -99,6 +99,7 @@ class ConfigParser {
             {"tunnels", [&](const toml::node& n, const std::string& k) { Tunnels(n, k, &config); }},
             {"node", [&](const toml::node& n, const std::string& k) { Node(n, k, &config); }},
             {"site", [&](const toml::node& n, const std::string& k) { Site(n, k, &config); }},
+            {"boot", [&](const toml::node& n, const std::string& k) { Boot(n, k, &config); }},
         });
     return Finish(std::move(config));
   }
@@ -506,6 +507,57 @@ class ConfigParser {
                   config->site_.bmc_ipmi_port = static_cast<uint16_t>(*v);
               }},
          });
+  }
+
+  // [boot]: listen is required; url is required when listen is a wildcard address (a booting
+  // machine needs one address to come back to), and must be plain http (iPXE in NIC ROMs speaks no
+  // HTTPS) without a path.
+  void Boot(const toml::node& node, const std::string& key, Config* config) {
+    const toml::table* table = Table(node, key);
+    if (!table) return;
+    std::optional<ListenAddress> listen;
+    std::optional<std::string> url;
+    Walk(*table, key,
+         {
+             {"listen", [&](const toml::node& n,
+                            const std::string& k) { listen = Listen(n, k, /*any_port=*/true); }},
+             {"url",
+              [&](const toml::node& n, const std::string& k) {
+                std::optional<std::string> s = String(n, k);
+                if (!s) return;
+                absl::StatusOr<Url> parsed = Url::Parse(*s, {"http"});
+                if (!parsed.ok()) {
+                  Error(n, k, ToStd(parsed.status().message()));
+                } else if (!parsed->path().empty() && parsed->path() != "/") {
+                  Error(n, k, fmt::format("a path is not allowed in the boot URL, got \"{}\"", *s));
+                } else {
+                  url = *s;
+                  while (url->ends_with('/')) url->pop_back();
+                }
+              }},
+         });
+    if (!listen) {
+      if (!seen_.contains(key + ".listen")) {
+        Error(node, key + ".listen", "required key is missing: the [boot] section needs a listen");
+      }
+      return;
+    }
+    if (!url) {
+      if (listen->host == "0.0.0.0" || listen->host == "::" || listen->port == 0) {
+        if (!seen_.contains(key + ".url")) {
+          Error(node, key + ".url",
+                fmt::format("required when listen is {}: the address booting machines reach the "
+                            "boot server at, like \"http://10.20.0.5:{}\"",
+                            listen->port == 0 ? "port 0" : "a wildcard address",
+                            listen->port == 0 ? 8080 : listen->port));
+        }
+        return;
+      }
+      bool v6 = listen->host.find(':') != std::string::npos;
+      url =
+          fmt::format("http://{}{}{}:{}", v6 ? "[" : "", listen->host, v6 ? "]" : "", listen->port);
+    }
+    config->boot_ = Config::Boot{.listen = *listen, .url = *url};
   }
 
   void Node(const toml::node& node, const std::string& key, Config* config) {

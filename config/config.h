@@ -76,6 +76,14 @@ class Config {
     uint16_t bmc_ipmi_port = 623;
   };
   const Site& site() const { return site_; }
+  // [boot] (site mode): where the boot server listens, and the base URL booting machines reach it
+  // at (what iPXE scripts and the ramdisk's command line name): given, or http://<listen> when
+  // listen names one address. Unset: no boot server.
+  struct Boot {
+    ListenAddress listen;
+    std::string url;  // "http://host:port", no trailing slash
+  };
+  const std::optional<Boot>& boot() const { return boot_; }
   const std::string& source() const { return source_; }
   // The tables the file holds ("websocket", "imds", ...), in file order: the engine reads some,
   // the mode others (Mode::ConfigSections), and one nobody reads is reported at start.
@@ -100,6 +108,7 @@ class Config {
   std::optional<ListenAddress> imds_listen_;
   std::optional<ListenAddress> diag_listen_;
   Site site_;
+  std::optional<Boot> boot_;
   std::vector<std::string> reboot_command_{"systemctl", "reboot"};
   std::string log_unit_ = "bcd.service";
   uint32_t max_tunnels_ = kMaxTunnels;

@@ -21,6 +21,7 @@
 #include "daemon/upgrade/upgrader.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
+#include "pki/envelope.h"
 #include "pki/jwt.h"
 #include "proto/absl_compat.h"
 
@@ -29,6 +30,13 @@ namespace bcd {
 using bettercompute::agent::v1::NodeSpec;
 
 namespace {
+
+std::vector<std::string> ChainDer(const std::vector<pki::Certificate>& chain) {
+  std::vector<std::string> der;
+  der.reserve(chain.size());
+  for (const pki::Certificate& certificate : chain) der.push_back(certificate.Der());
+  return der;
+}
 
 // The daemon section: log level and StatusReport period now; desired_version is acted on by the
 // daemon.upgrade command, which brings the binary, so here it is only compared.
@@ -229,6 +237,7 @@ absl::Status Agent::StartSession(const AgentEnv& env, const Mode& mode, Joined& 
   {
     MutexLock lock(key_mu_);
     node_key_ = joined.identity.key;
+    node_chain_der_ = ChainDer(joined.identity.chain);
   }
   certificate_not_after_ = joined.identity.chain.front().NotAfter();
   renewer_ = std::make_unique<Renewer>(
@@ -237,6 +246,7 @@ absl::Status Agent::StartSession(const AgentEnv& env, const Mode& mode, Joined& 
         {
           MutexLock lock(key_mu_);
           node_key_ = renewed.key;  // requests sign with the key of the current certificate
+          node_chain_der_ = ChainDer(renewed.chain);
         }
         certificate_not_after_ = renewed.chain.front().NotAfter();
         (void)engine_->Emit(bettercompute::agent::v1::SEVERITY_INFO, "identity.renewed",
@@ -380,17 +390,24 @@ absl::Status Agent::StartTunnels(const Config& config, const AgentEnv& env, cons
 }
 
 absl::Status Agent::AttachMode(const Config& config, const AgentEnv& env, const Joined& joined) {
-  ModeContext context{.config = &config,
-                      .node_id = joined.identity.node.id.node(),
-                      .state_dir = joined.dir.path(),
-                      .websocket = transport_name_ == "websocket",
-                      .dispatcher = dispatcher_.get(),
-                      .desired = desired_.get(),
-                      .secrets = secrets_.get(),
-                      .engine = engine_.get(),
-                      .now = env.now,
-                      .log = env.log,
-                      .metrics = &metrics_};
+  ModeContext context{
+      .config = &config,
+      .node_id = joined.identity.node.id.node(),
+      .site = joined.identity.node.id.site(),
+      .sign = [this, kid = joined.identity.node.id.ToString()](std::string_view signing_input)
+          -> absl::StatusOr<bettercompute::common::v1::Signature> {
+        MutexLock lock(key_mu_);
+        return pki::Sign(signing_input, *node_key_, kid, node_chain_der_);
+      },
+      .state_dir = joined.dir.path(),
+      .websocket = transport_name_ == "websocket",
+      .dispatcher = dispatcher_.get(),
+      .desired = desired_.get(),
+      .secrets = secrets_.get(),
+      .engine = engine_.get(),
+      .now = env.now,
+      .log = env.log,
+      .metrics = &metrics_};
   if (absl::Status s = mode_->Attach(context); !s.ok()) return s;
   for (const std::string& section : UnreadConfigSections(config, *mode_)) {
     env.log->Warn("config.section_unused", {{"section", section},

@@ -146,6 +146,7 @@ class Agent {
   std::atomic<int64_t> certificate_not_after_{0};  // of the current certificate
   Mutex key_mu_;
   std::optional<pki::PrivateKey> node_key_ ABSL_GUARDED_BY(key_mu_);  // replaced at each renewal
+  std::vector<std::string> node_chain_der_ ABSL_GUARDED_BY(key_mu_);  // the key's chain, leaf first
   std::filesystem::path state_dir_;
   std::filesystem::path upgrader_binary_;  // AgentEnv::binary
   std::string transport_name_ = "grpc";    // or "websocket"

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/metrics.h"
@@ -32,6 +33,13 @@ class SessionEngine;
 struct ModeContext {
   const Config* config = nullptr;
   std::string node_id;
+  std::string site;  // the site of the node's SPIFFE id
+  // Signs a signing input (proto/signing_input.h) with the current node key, naming it by the
+  // node's SPIFFE id and carrying its chain (a renewal changes both): the site agent's discovery
+  // assertions.
+  std::function<absl::StatusOr<bettercompute::common::v1::Signature>(
+      std::string_view signing_input)>
+      sign;
   std::filesystem::path state_dir;
   bool websocket = false;  // a WebSocket session: signed intent only, no tunnels
   Dispatcher* dispatcher = nullptr;

@@ -300,51 +300,23 @@ struct Answer {
   std::optional<std::string> location;
 };
 
-absl::StatusOr<Answer> Get(Fetch& f, const Url& url) {
+// The GET itself on a connected `stream` (TLS, or plain TCP for allow_http): the request, the
+// answer's headers, the body into the file.
+template <class Stream>
+absl::StatusOr<Answer> GetOn(Fetch& f, Stream& stream, const Url& url) {
   const DownloadRequest& request = f.request;
-  absl::StatusOr<std::optional<transport::ProxySpec>> proxy =
-      transport::ProxyFor(url.host(), url.port(), request.env);
-  if (!proxy.ok())
-    return absl::UnavailableError(fmt::format("download: {}", ToStd(proxy.status().message())));
-  std::string connect_host = *proxy ? (*proxy)->host : url.host();
-  uint16_t connect_port = *proxy ? (*proxy)->port : url.port();
-  absl::StatusOr<std::vector<tcp::endpoint>> endpoints = Resolve(f, connect_host, connect_port);
-  if (!endpoints.ok()) return endpoints.status();
-
-  ssl::context context(ssl::context::tls_client);
-  SSL_CTX_set_min_proto_version(context.native_handle(), TLS1_3_VERSION);
-  context.set_default_verify_paths();
-  context.set_verify_mode(ssl::verify_peer);
-  beast::ssl_stream<beast::tcp_stream> stream(f.ioc, context);
   beast::tcp_stream& tcp = beast::get_lowest_layer(stream);
-  tcp.expires_after(Left(f.deadline));
-  beast::error_code ec = f.Await(
-      [&](auto done) {
-        tcp.async_connect(*endpoints,
-                          [done](beast::error_code e, const tcp::endpoint&) { done(e); });
-      },
-      [&] { tcp.cancel(); });
-  if (ec) return f.Failed(*proxy ? "the proxy " + (*proxy)->display : url.host(), "", ec);
-  if (*proxy) {
-    if (absl::Status s = ProxyConnect(f, tcp, **proxy, url); !s.ok()) return s;
-  }
-  SSL_set_tlsext_host_name(stream.native_handle(), url.host().c_str());
-  SSL_set1_host(stream.native_handle(), url.host().c_str());
-  tcp.expires_after(Left(f.deadline));
-  ec = f.Await([&](auto done) { stream.async_handshake(ssl::stream_base::client, done); },
-               [&] { tcp.cancel(); });
-  if (ec) return f.Failed(url.host(), "TLS: ", ec);
-
+  uint16_t default_port = url.scheme() == "https" ? 443 : 80;
   http::request<http::empty_body> get{http::verb::get, url.target(), 11};
   std::string host_header =
       (url.host().find(':') != std::string::npos ? "[" + url.host() + "]" : url.host());
-  if (url.port() != 443) host_header += ":" + std::to_string(url.port());
+  if (url.port() != default_port) host_header += ":" + std::to_string(url.port());
   get.set(http::field::host, host_header);
   get.set(http::field::user_agent, "bcd/" + std::string(Version()));
   beast::flat_buffer buffer;
   http::response_parser<http::buffer_body> parser;
   parser.body_limit(request.max_bytes);
-  ec = f.Await(
+  beast::error_code ec = f.Await(
       [&](auto done) {
         http::async_write(stream, get, [&, done](beast::error_code e, std::size_t) {
           if (e) return done(e);
@@ -409,6 +381,57 @@ absl::StatusOr<Answer> Get(Fetch& f, const Url& url) {
   return Answer{};
 }
 
+absl::StatusOr<Answer> Get(Fetch& f, const Url& url) {
+  const DownloadRequest& request = f.request;
+  bool tls = url.scheme() == "https";
+  // Plain http (allow_http: content the caller verifies by hash, on the site's network) goes
+  // straight to the host: a proxy of the environment is for the way out, not for the site.
+  absl::StatusOr<std::optional<transport::ProxySpec>> proxy =
+      tls ? transport::ProxyFor(url.host(), url.port(), request.env)
+          : absl::StatusOr<std::optional<transport::ProxySpec>>(std::nullopt);
+  if (!proxy.ok())
+    return absl::UnavailableError(fmt::format("download: {}", ToStd(proxy.status().message())));
+  std::string connect_host = *proxy ? (*proxy)->host : url.host();
+  uint16_t connect_port = *proxy ? (*proxy)->port : url.port();
+  absl::StatusOr<std::vector<tcp::endpoint>> endpoints = Resolve(f, connect_host, connect_port);
+  if (!endpoints.ok()) return endpoints.status();
+  auto connect = [&](beast::tcp_stream& tcp) -> absl::Status {
+    tcp.expires_after(Left(f.deadline));
+    beast::error_code ec = f.Await(
+        [&](auto done) {
+          tcp.async_connect(*endpoints,
+                            [done](beast::error_code e, const tcp::endpoint&) { done(e); });
+        },
+        [&] { tcp.cancel(); });
+    if (ec) return f.Failed(*proxy ? "the proxy " + (*proxy)->display : url.host(), "", ec);
+    return absl::OkStatus();
+  };
+  if (!tls) {
+    beast::tcp_stream plain(f.ioc);
+    if (absl::Status s = connect(plain); !s.ok()) return s;
+    return GetOn(f, plain, url);
+  }
+
+  ssl::context context(ssl::context::tls_client);
+  SSL_CTX_set_min_proto_version(context.native_handle(), TLS1_3_VERSION);
+  context.set_default_verify_paths();
+  context.set_verify_mode(ssl::verify_peer);
+  beast::ssl_stream<beast::tcp_stream> stream(f.ioc, context);
+  beast::tcp_stream& tcp = beast::get_lowest_layer(stream);
+  if (absl::Status s = connect(tcp); !s.ok()) return s;
+  if (*proxy) {
+    if (absl::Status s = ProxyConnect(f, tcp, **proxy, url); !s.ok()) return s;
+  }
+  SSL_set_tlsext_host_name(stream.native_handle(), url.host().c_str());
+  SSL_set1_host(stream.native_handle(), url.host().c_str());
+  tcp.expires_after(Left(f.deadline));
+  beast::error_code ec =
+      f.Await([&](auto done) { stream.async_handshake(ssl::stream_base::client, done); },
+              [&] { tcp.cancel(); });
+  if (ec) return f.Failed(url.host(), "TLS: ", ec);
+  return GetOn(f, stream, url);
+}
+
 }  // namespace
 
 absl::StatusOr<Downloaded> HttpGetToFile(const DownloadRequest& request) {
@@ -420,7 +443,9 @@ absl::StatusOr<Downloaded> HttpGetToFile(const DownloadRequest& request) {
   };
   std::string next = request.url;
   for (int hop = 0;; ++hop) {
-    absl::StatusOr<Url> url = Url::Parse(next, {"https"}, /*allow_query=*/true);
+    absl::StatusOr<Url> url = request.allow_http
+                                  ? Url::Parse(next, {"https", "http"}, /*allow_query=*/true)
+                                  : Url::Parse(next, {"https"}, /*allow_query=*/true);
     if (!url.ok()) {
       return fail(absl::InvalidArgumentError(fmt::format(
           "{}{}", hop == 0 ? "url: " : "a redirect to \"" + next.substr(0, 200) + "\": ",

@@ -59,15 +59,19 @@ struct DownloadRequest {
   const std::atomic<bool>* stop = nullptr;                      // as UploadRequest's
   std::function<std::vector<std::string>(const std::string& host)> resolve;
   transport::EnvLookup env = transport::ProcessEnv;  // where the proxy variables come from
+  // Plain http too (and redirects to it), straight to the host without a proxy: for content the
+  // caller checks by hash before it uses a byte (the boot server's kernels, on the site network).
+  bool allow_http = false;
 };
 struct Downloaded {
   uint64_t bytes = 0;
   std::string sha256;  // 32 raw bytes, of what was written
 };
-// InvalidArgument for a URL that is not https (or a redirect to one); Unavailable for network,
-// proxy, TLS and timeout failures; ResourceExhausted past max_bytes; FailedPrecondition naming an
-// answer other than 200; Cancelled when `stop` turned true; on_length's error as it is; Internal
-// when the file cannot be written. The file is removed on every error.
+// InvalidArgument for a URL that is not https (or http with allow_http), or a redirect to one;
+// Unavailable for network, proxy, TLS and timeout failures; ResourceExhausted past max_bytes;
+// FailedPrecondition naming an answer other than 200; Cancelled when `stop` turned true;
+// on_length's error as it is; Internal when the file cannot be written. The file is removed on
+// every error.
 absl::StatusOr<Downloaded> HttpGetToFile(const DownloadRequest& request);
 
 // How a device's certificate is trusted (a BMC's, self-signed as a rule): exactly one way.

@@ -1,6 +1,7 @@
 #include "modes/site/site_mode.h"
 
 #include "modes/site/bmc_kinds.h"
+#include "modes/site/boot_kinds.h"
 
 namespace bcd {
 
@@ -9,6 +10,9 @@ std::vector<std::string> SiteMode::Capabilities(bool) const { return {}; }
 absl::Status SiteMode::Attach(const ModeContext& context) {
   if (absl::Status s = RegisterInventoryRefresh(context, options_.sources); !s.ok()) return s;
   if (absl::Status s = RegisterLogsCollect(context, options_.sources); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<BootService>> boot = StartBoot(context);
+  if (!boot.ok()) return boot.status();
+  boot_ = *std::move(boot);
   const Config::Site& site = context.config->site();
   return RegisterBmcKinds(context, {.ca_file = site.bmc_ca_file,
                                     .tls_unverified = site.bmc_tls_unverified,

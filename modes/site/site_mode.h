@@ -1,11 +1,13 @@
 #pragma once
 
 // Site mode: what each datacenter site runs. Beyond the common kinds it drives the site's BMCs
-// (bmc.*, over Redfish or IPMI, one lane per BMC address: bmc_kinds.h). The boot server and
-// site.httpProxy come to this folder, each a handler registered in Attach.
+// (bmc.*, over Redfish or IPMI, one lane per BMC address: bmc_kinds.h) and boots bare metal
+// (boot.prepareRamdisk and boot.cleanUp feeding the boot server of [boot]: boot_kinds.h).
+// site.httpProxy comes to this folder, a handler registered in Attach.
 
 #include "daemon/mode.h"
 #include "modes/common/common_kinds.h"
+#include "modes/site/boot_kinds.h"
 
 namespace bcd {
 
@@ -25,12 +27,16 @@ class SiteMode final : public Mode {
   std::vector<std::string> Capabilities(bool websocket) const override;
   // [node] log_unit: the journal unit logs.collect reads (site agents run logs.collect too);
   // [site]: how the BMCs are reached.
-  std::vector<std::string> ConfigSections() const override { return {"node", "site"}; }
+  // [boot]: the boot server.
+  std::vector<std::string> ConfigSections() const override { return {"node", "site", "boot"}; }
   absl::Status Attach(const ModeContext& context) override;
-  void Detach() override {}
+  void Detach() override { boot_.reset(); }
+  // The boot server's port (0 when none runs): tests listen on port 0.
+  uint16_t boot_port() const { return boot_ ? boot_->port() : 0; }
 
  private:
   SiteModeOptions options_;
+  std::unique_ptr<BootService> boot_;
 };
 
 }  // namespace bcd

@@ -94,30 +94,9 @@ class Bmc : public ::testing::Test {
   // Sends `kind` with `payload` (signed, bound to wf-1/step-1) and returns its terminal update.
   void Send(const std::string& id, const std::string& kind,
             const google::protobuf::Message& payload, uint32_t timeout_seconds = 0) {
-    v1::Command command = DevPki::MakeCommand(id, "n-1", kind, std::time(nullptr));
-    command.set_workflow_id("wf-1");
-    command.set_step_id("step-1");
-    command.set_timeout_seconds(timeout_seconds);
-    command.set_payload(payload.SerializeAsString());
-    v1::ServerFrame frame;
-    *frame.mutable_command() = node_->pki.SignCommand(command);
-    ASSERT_TRUE(node_->gateway->Push("n-1", frame));
+    node_->SendCommand(id, kind, payload, "wf-1", "step-1", timeout_seconds);
   }
-  v1::CommandUpdate Wait(const std::string& id) {
-    auto deadline = std::chrono::steady_clock::now() + kWait;
-    while (std::chrono::steady_clock::now() < deadline) {
-      for (const auto& frame : node_->gateway->Received("n-1")) {
-        if (!frame.has_command_update() || frame.command_update().command_id() != id) continue;
-        v1::CommandState s = frame.command_update().state();
-        if (s != v1::COMMAND_STATE_ACCEPTED && s != v1::COMMAND_STATE_RUNNING)
-          return frame.command_update();
-      }
-      node_->gateway->WaitForReceived("n-1", node_->gateway->Received("n-1").size() + 1,
-                                      std::chrono::milliseconds(200));
-    }
-    ADD_FAILURE() << id << " did not end";
-    return {};
-  }
+  v1::CommandUpdate Wait(const std::string& id) { return node_->WaitTerminal(id, kWait); }
   v1::CommandUpdate Run(const std::string& id, const std::string& kind,
                         const google::protobuf::Message& payload, uint32_t timeout_seconds = 0) {
     Send(id, kind, payload, timeout_seconds);

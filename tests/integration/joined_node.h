@@ -13,9 +13,11 @@
 #include <string>
 #include <thread>
 
+#include "bettercompute/agent/v1/commands.pb.h"
 #include "config/config.h"
 #include "daemon/agent.h"
 #include "daemon/mode.h"
+#include "google/protobuf/message.h"
 #include "testing/dev_gateway.h"
 #include "testing/dev_pki.h"
 #include "tests/unit/fake_root.h"
@@ -47,6 +49,14 @@ class JoinedNode {
   void Start(std::unique_ptr<Mode> mode, AgentEnv env = {});
   // Stops the agent and waits for its thread; nothing when none runs.
   void Stop();
+
+  // Sends `kind` with `payload`, signed by the dev PKI's worker, to the node, bound to `workflow`
+  // and `step`; then waits for its terminal update (a failed test when none comes in `wait`).
+  void SendCommand(const std::string& id, const std::string& kind,
+                   const google::protobuf::Message& payload, const std::string& workflow,
+                   const std::string& step, uint32_t timeout_seconds = 0);
+  bettercompute::agent::v1::CommandUpdate WaitTerminal(
+      const std::string& id, std::chrono::seconds wait = std::chrono::seconds(60));
 
   // What the log said so far.
   std::string LogText() const { return log_text.str(); }
