@@ -25,6 +25,9 @@ BCD_PACKAGES=(
   help2man lintian man-db  # the manual pages made from --help, the package's lint, man -l
   python3 openipmi ipmitool  # the Redfish BMC emulator; ipmi_sim, a real IPMI BMC, and its client
   python3-sushy redfishtool  # Redfish clients nobody here wrote, to check the emulator against
+  nginx  # a file server for boot images, and the boot server's side-by-side figures
+  qemu-system-x86 ipxe-qemu  # a machine that PXE-boots from the boot server (its NIC's iPXE ROM)
+  linux-image-cloud-amd64 busybox-static cpio  # what that machine boots: a kernel, a tiny ramdisk
 )
 # Commands the tests need, and the Debian package of each when the command is missing (Node.js may
 # come from elsewhere, with its own npm: a machine that has both keeps them).
