@@ -28,7 +28,11 @@
 // version V for this machine's os/arch (or A) and sends daemon.upgrade, printing the result the
 // node reports after its restart. With --site, up runs `bcd site` (dev-site-1) instead, with a
 // Redfish BMC emulator and Debian's ipmi_sim to drive (bmc.* kinds; the credential is the secret
-// bmc/dev, bound to the step every dev command runs as: workflow "dev", step "dev").
+// bmc/dev, bound to the step every dev command runs as: workflow "dev", step "dev") and a boot
+// server ([boot] on 127.0.0.1, named to machines as 10.0.2.2, QEMU's user network's view of the
+// host): up builds a kernel and a busybox ramdisk to boot, puts them on the release server and
+// prints the boot.prepareRamdisk that pins them and the QEMU line that PXE-boots them (the
+// discovery token is the secret boot/dev).
 
 #include <netinet/in.h>
 #include <poll.h>
@@ -47,6 +51,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "base/files.h"
 #include "base/version.h"
 #include "config/config.h"
@@ -60,6 +65,7 @@
 #include "testing/child_process.h"
 #include "testing/dev_control.h"
 #include "testing/dev_gateway.h"
+#include "testing/metal.h"
 #include "testing/release_server.h"
 #include "transport/tls.h"
 
@@ -102,6 +108,7 @@ constexpr char kUsage[] =
     "Options:\n"
     "  --dir DIR       the stack's directory (up prints it; the others default to the last up)\n"
     "  --site          up: run a site agent (bcd site) with a Redfish and an IPMI BMC to drive\n"
+    "                  and a boot server a QEMU machine can PXE-boot from\n"
     "  --help          print this help\n"
     "  --version       print the version\n";
 
@@ -584,6 +591,8 @@ int main(int argc, char** argv) {
   // protocol reaches Redfish on the first and falls back to IPMI on the second.
   std::unique_ptr<bcd::testing::RedfishBmc> redfish;
   std::unique_ptr<bcd::testing::IpmiBmc> ipmi;
+  int boot_port = 0;
+  std::string boot_prepare;  // a boot.prepareRamdisk payload for the images built here
   if (site) {
     std::string password = bcd::pki::Hex(bcd::pki::Sha256(release_key->ToPem())).substr(0, 16);
     absl::StatusOr<std::unique_ptr<bcd::testing::RedfishBmc>> r =
@@ -609,6 +618,34 @@ int main(int argc, char** argv) {
         redfish->port(),
         ipmi ? ("ipmi_sim at 127.0.0.2:" + std::to_string(redfish->port()) + " (UDP)").c_str()
              : "no IPMI BMC (ipmi_sim and ipmitool are not installed)");
+    // The boot server on 127.0.0.1:B, which a QEMU machine on the user network reaches as
+    // 10.0.2.2:B; a kernel and a ramdisk to boot, served by the release server for the boot server
+    // to cache against their pins; the discovery token a secret bound to the dev step.
+    boot_port = bcd::testing::FreeLoopbackPort();
+    std::ofstream(config, std::ios::app) << "[boot]\nlisten = \"127.0.0.1:" << boot_port
+                                         << "\"\nurl = \"http://10.0.2.2:" << boot_port << "\"\n";
+    (*gateway)->AddSecret("boot/dev", "dev-" + bcd::pki::Hex(bcd::pki::RandomBytes(16)),
+                          {"dev", "dev", ""});
+    std::printf(
+        "boot server: http://127.0.0.1:%d (machines on QEMU's user network: "
+        "http://10.0.2.2:%d/boot.ipxe); discovery token secret boot/dev\n",
+        boot_port, boot_port);
+    absl::StatusOr<bcd::testing::BootImages> images =
+        bcd::testing::MakeBootImages(dir + "/releases");
+    if (images.ok()) {
+      nlohmann::json prepare = {{"mac", "52:54:00:12:34:56"},
+                                {"boot_entry_id", "dev-1"},
+                                {"kernel_url", (*releases)->Url("vmlinuz")},
+                                {"initrd_url", (*releases)->Url("initrd.gz")},
+                                {"kernel_sha256", absl::Base64Escape(images->kernel_sha256)},
+                                {"initrd_sha256", absl::Base64Escape(images->initrd_sha256)},
+                                {"cmdline", "console=ttyS0 panic=-1"},
+                                {"discovery_token_ref", "boot/dev"},
+                                {"expires_at", std::to_string(std::time(nullptr) + 6 * 24 * 3600)}};
+      boot_prepare = prepare.dump();
+    } else {
+      std::printf("no boot images: %s\n", std::string(images.status().message()).c_str());
+    }
   }
   std::printf("releases: %s (signed by the dev release key, pinned in the config)\n",
               (*releases)->Url("").c_str());
@@ -692,6 +729,14 @@ int main(int argc, char** argv) {
             std::printf(
                 "       bcd-dev run bmc.powerOn '{\"bmc\": {\"address\": \"127.0.0.2\", "
                 "\"credential_ref\": \"bmc/dev\"}}'   (IPMI)\n");
+          }
+          if (!boot_prepare.empty()) {
+            std::printf("       bcd-dev run boot.prepareRamdisk '%s'\n", boot_prepare.c_str());
+            std::printf(
+                "       qemu-system-x86_64 -accel tcg -m 512 -nographic -no-reboot -netdev "
+                "user,id=n0,bootfile=http://10.0.2.2:%d/boot.ipxe -device "
+                "virtio-net-pci,netdev=n0,mac=52:54:00:12:34:56 -boot n   (boots it)\n",
+                boot_port);
           }
         }
         std::printf("\n");

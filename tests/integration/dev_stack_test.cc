@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -153,7 +154,7 @@ TEST(DevStack, UpWithWebSocketRunsCommandsOverIt) {
 }
 
 // bcd-dev up --site: a site agent and two BMCs, Redfish where it is served, IPMI on the other.
-TEST(DevStack, UpSiteDrivesARedfishAndAnIpmiBmc) {
+TEST(DevStack, UpSiteDrivesARedfishAndAnIpmiBmcAndServesBootEntries) {
   FakeRoot dir;
   std::string stack = (dir.path() / "stack").string();
   setenv("XDG_RUNTIME_DIR", dir.path().c_str(), 1);
@@ -182,6 +183,25 @@ TEST(DevStack, UpSiteDrivesARedfishAndAnIpmiBmc) {
     EXPECT_NE(ipmi.out.find("\"power_state\": \"on\""), std::string::npos) << ipmi.out;
     EXPECT_NE(ipmi.out.find("\"protocol\": \"BMC_PROTOCOL_IPMI\""), std::string::npos) << ipmi.out;
   }
+  // The boot.prepareRamdisk up printed works as printed, and the boot server then has the
+  // machine's script (the images cached from the release server against their pins).
+  std::string shown = RunTool("cat " + out).out;
+  std::smatch prepare, boot;
+  ASSERT_TRUE(
+      std::regex_search(shown, prepare, std::regex("bcd-dev run boot.prepareRamdisk '([^']*)'")))
+      << shown;
+  ASSERT_TRUE(std::regex_search(shown, boot, std::regex("boot server: http://127.0.0.1:([0-9]+)")))
+      << shown;
+  Ran prepared =
+      RunTool(tool + " run boot.prepareRamdisk '" + prepare[1].str() + "' --dir " + stack);
+  EXPECT_EQ(prepared.status, 0) << prepared.out;
+  EXPECT_NE(prepared.out.find("\"boot_entry_id\": \"dev-1\""), std::string::npos) << prepared.out;
+  Ran script =
+      RunTool("curl -sS http://127.0.0.1:" + boot[1].str() + "/boot/52-54-00-12-34-56.ipxe");
+  EXPECT_NE(script.out.find("kernel http://10.0.2.2:" + boot[1].str() +
+                            "/boot/52-54-00-12-34-56/kernel console=ttyS0 panic=-1"),
+            std::string::npos)
+      << script.out;
   kill(up, SIGTERM);
   EXPECT_EQ(bcd::testing::WaitChild(up), 0);
   std::string printed = RunTool("cat " + out).out;
