@@ -155,6 +155,40 @@ TEST(ConfigErrors, SiteBmcs) {
             "c.toml:4: site.bmc_redfish: unknown key");
 }
 
+TEST(Config, BootServer) {
+  absl::StatusOr<Config> config = Config::Parse(Valid(), "c.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->boot());
+  config = Config::Parse(Valid() + "[boot]\nlisten = \"10.20.0.5:8080\"\n", "c.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->boot()->listen.port, 8080);
+  EXPECT_EQ(config->boot()->url, "http://10.20.0.5:8080");
+  config = Config::Parse(Valid() + "[boot]\nlisten = \"[fd00::5]:80\"\n", "c.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->boot()->url, "http://[fd00::5]:80");
+  config = Config::Parse(
+      Valid() + "[boot]\nlisten = \"0.0.0.0:8080\"\nurl = \"http://boot.site-1.example:8080/\"\n",
+      "c.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->boot()->listen.host, "0.0.0.0");
+  EXPECT_EQ(config->boot()->url, "http://boot.site-1.example:8080");
+}
+
+TEST(ConfigErrors, BootServer) {
+  EXPECT_EQ(ErrorOf(Valid() + "[boot]\nlisten = \"0.0.0.0:8080\"\n"),
+            "c.toml:3: boot.url: required when listen is a wildcard address: the address booting "
+            "machines reach the boot server at, like \"http://10.20.0.5:8080\"");
+  EXPECT_EQ(ErrorOf(Valid() + "[boot]\nurl = \"http://10.0.0.1:80\"\n"),
+            "c.toml:3: boot.listen: required key is missing: the [boot] section needs a listen");
+  EXPECT_NE(ErrorOf(Valid() + "[boot]\nlisten = \"10.0.0.1:80\"\nurl = \"https://10.0.0.1\"\n")
+                .find("c.toml:5: boot.url"),
+            std::string::npos);
+  EXPECT_EQ(ErrorOf(Valid() + "[boot]\nlisten = \"10.0.0.1:80\"\nurl = \"http://10.0.0.1/x\"\n"),
+            "c.toml:5: boot.url: a path is not allowed in the boot URL, got \"http://10.0.0.1/x\"");
+  EXPECT_EQ(ErrorOf(Valid() + "[boot]\nlisten = \"10.0.0.1:80\"\nport = 1\n"),
+            "c.toml:5: boot.port: unknown key");
+}
+
 TEST(ConfigErrors, DiagAndLogFormat) {
   EXPECT_EQ(ErrorOf(Valid() + "[diag]\nlisten = \"0.0.0.0:9464\"\n"),
             "c.toml:4: diag.listen: 0.0.0.0 is not a loopback address: set allow_remote = true "
