@@ -506,6 +506,40 @@ class ConfigParser {
                 if (auto v = Bounded(n, k, 1, 65535))
                   config->site_.bmc_ipmi_port = static_cast<uint16_t>(*v);
               }},
+             {"http_proxy_ca_file",
+              [&](const toml::node& n, const std::string& k) {
+                if (auto p = AbsolutePath(n, k)) config->site_.http_proxy_ca_file = p->string();
+              }},
+             {"http_proxy_allow",
+              [&](const toml::node& n, const std::string& k) {
+                const toml::array* array = n.as_array();
+                if (!array) {
+                  Error(n, k,
+                        fmt::format("expected an array of \"CIDR:PORT\" strings, got {}",
+                                    TypeName(n)));
+                  return;
+                }
+                std::vector<TunnelAllowRule> rules;
+                for (std::size_t i = 0; i < array->size(); ++i) {
+                  std::string item_key = fmt::format("{}[{}]", k, i);
+                  std::optional<std::string> text = String(*array->get(i), item_key);
+                  if (!text) return;
+                  absl::StatusOr<TunnelAllowRule> rule = TunnelAllowRule::Parse(*text);
+                  if (!rule.ok()) {
+                    Error(*array->get(i), item_key, ToStd(rule.status().message()));
+                    return;
+                  }
+                  if (rule->is_name) {
+                    Error(*array->get(i), item_key,
+                          fmt::format("expected an IP or CIDR block and a port: a name is decided "
+                                      "by the addresses it resolves to, got \"{}\"",
+                                      *text));
+                    return;
+                  }
+                  rules.push_back(*std::move(rule));
+                }
+                config->site_.http_proxy_allow = std::move(rules);
+              }},
          });
   }
 

@@ -74,6 +74,10 @@ class Config {
     std::vector<std::string> bmc_tls_unverified;
     uint16_t bmc_redfish_port = 443;
     uint16_t bmc_ipmi_port = 623;
+    // site.httpProxy: the destinations it may reach (IP or CIDR and port, decided on the
+    // addresses a name resolves to; none by default) and more roots for https.
+    std::vector<TunnelAllowRule> http_proxy_allow;
+    std::string http_proxy_ca_file;
   };
   const Site& site() const { return site_; }
   // [boot] (site mode): where the boot server listens, and the base URL booting machines reach it

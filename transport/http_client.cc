@@ -14,6 +14,7 @@
 #include <boost/beast/ssl.hpp>
 #include <functional>
 #include <memory>
+#include <limits>
 #include <utility>
 
 #include "base/fd.h"
@@ -100,6 +101,10 @@ absl::Status Exchange(Stream& stream, net::io_context& ioc, http::request<http::
 }
 
 }  // namespace
+
+bool SafeRequestHeader(std::string_view name, std::string_view value) {
+  return SafeHeader(name, value);
+}
 
 absl::Status CheckUploadRequest(const UploadRequest& request) {
   absl::StatusOr<Url> url = Url::Parse(request.url, {"https", "http"}, /*allow_query=*/true);
@@ -677,6 +682,160 @@ absl::StatusOr<DeviceAnswer> DeviceConnection::Exchange(const DeviceRequest& req
 absl::StatusOr<DeviceAnswer> HttpDeviceExchange(const DeviceRequest& request) {
   DeviceConnection connection;
   return connection.Exchange(request);
+}
+
+namespace {
+
+// The exchange of HttpSiteExchange on a connected stream (plain TCP or TLS).
+template <class Stream>
+absl::StatusOr<SiteHttpAnswer> SiteRoundTrip(net::io_context& ioc, Stream& stream,
+                                             const SiteHttpRequest& request,
+                                             std::chrono::steady_clock::time_point end) {
+  auto lost = [&](const beast::error_code& ec) -> absl::Status {
+    if (request.stop != nullptr && request.stop->load())
+      return absl::CancelledError(fmt::format("{}: stopped", request.host));
+    if (ec == beast::error::timeout || ec == net::error::operation_aborted)
+      return absl::UnavailableError(fmt::format("{}: timed out", request.host));
+    return absl::UnavailableError(fmt::format("{}: {}", request.host, ec.message()));
+  };
+  auto await = [&](auto start) {
+    beast::error_code result;
+    bool done = false;
+    start([&](beast::error_code ec) {
+      result = ec;
+      done = true;
+    });
+    RunWatching(ioc, request.stop, [&] { beast::get_lowest_layer(stream).cancel(); });
+    return done ? result : beast::error_code(net::error::operation_aborted);
+  };
+  http::request<http::string_body> out{http::string_to_verb(request.method), request.target, 11};
+  if (out.method() == http::verb::unknown) out.method_string(request.method);
+  std::string host_header =
+      request.host.find(':') != std::string::npos ? "[" + request.host + "]" : request.host;
+  if (request.port != (request.tls ? 443 : 80)) host_header += ":" + std::to_string(request.port);
+  out.set(http::field::host, host_header);
+  out.set(http::field::user_agent, "bcd/" + std::string(Version()));
+  for (const auto& [name, value] : request.headers) out.insert(name, value);
+  if (!request.body.empty()) out.body() = request.body;
+  out.keep_alive(false);
+  out.prepare_payload();
+  beast::flat_buffer buffer;
+  http::response_parser<http::buffer_body> parser;
+  parser.body_limit(std::numeric_limits<std::uint64_t>::max());  // cut by max_body below
+  if (out.method() == http::verb::head) parser.skip(true);
+  beast::get_lowest_layer(stream).expires_after(Left(end));
+  beast::error_code ec = await([&](auto done) {
+    http::async_write(stream, out, [&, done](beast::error_code e, std::size_t) {
+      if (e) return done(e);
+      http::async_read_header(stream, buffer, parser,
+                              [done](beast::error_code e2, std::size_t) { done(e2); });
+    });
+  });
+  if (ec) return lost(ec);
+  SiteHttpAnswer answer;
+  answer.status = parser.get().result_int();
+  for (const auto& field : parser.get())
+    answer.headers.emplace_back(std::string(field.name_string()), std::string(field.value()));
+  std::vector<char> chunk(64 * 1024);
+  while (!parser.is_done()) {
+    parser.get().body().data = chunk.data();
+    parser.get().body().size = chunk.size();
+    ec = await([&](auto done) {
+      http::async_read(stream, buffer, parser,
+                       [done](beast::error_code e, std::size_t) { done(e); });
+    });
+    if (ec && ec != http::error::need_buffer) return lost(ec);
+    std::size_t n = chunk.size() - parser.get().body().size;
+    std::size_t room = request.max_body - answer.body.size();
+    answer.body.append(chunk.data(), std::min(n, room));
+    if (n > room) {  // the rest is not read: the connection goes with the exchange
+      answer.truncated = true;
+      break;
+    }
+  }
+  return answer;
+}
+
+}  // namespace
+
+absl::StatusOr<SiteHttpAnswer> HttpSiteExchange(const SiteHttpRequest& request) {
+  auto end = std::chrono::steady_clock::now() + request.timeout;
+  net::io_context ioc;
+  std::vector<tcp::endpoint> endpoints;
+  for (const std::string& text : request.addresses) {
+    beast::error_code ec;
+    net::ip::address address = net::ip::make_address(text, ec);
+    if (ec) return absl::InvalidArgumentError(fmt::format("{} is not an IP address", text));
+    endpoints.emplace_back(address, request.port);
+  }
+  if (endpoints.empty())
+    return absl::InvalidArgumentError(fmt::format("{}: no address to connect to", request.host));
+  auto connect = [&](beast::tcp_stream& tcp) -> absl::Status {
+    beast::error_code result;
+    bool done = false;
+    tcp.expires_after(Left(end));
+    tcp.async_connect(endpoints, [&](beast::error_code e, const tcp::endpoint&) {
+      result = e;
+      done = true;
+    });
+    RunWatching(ioc, request.stop, [&] { tcp.cancel(); });
+    if (request.stop != nullptr && request.stop->load())
+      return absl::CancelledError(fmt::format("{}: stopped", request.host));
+    if (!done || result == beast::error::timeout)
+      return absl::UnavailableError(fmt::format("{}: connect: timed out", request.host));
+    if (result)
+      return absl::UnavailableError(fmt::format("{}: connect: {}", request.host, result.message()));
+    return absl::OkStatus();
+  };
+  if (!request.tls) {
+    beast::tcp_stream tcp(ioc);
+    if (absl::Status s = connect(tcp); !s.ok()) return s;
+    return SiteRoundTrip(ioc, tcp, request, end);
+  }
+  ssl::context context(ssl::context::tls_client);
+  SSL_CTX_set_min_proto_version(context.native_handle(), TLS1_3_VERSION);
+  context.set_default_verify_paths();
+  if (!request.ca_file.empty()) {
+    beast::error_code ec;
+    context.load_verify_file(request.ca_file, ec);
+    if (ec) {
+      return absl::FailedPreconditionError(
+          fmt::format("cannot read the CA file {}: {}", request.ca_file, ec.message()));
+    }
+  }
+  context.set_verify_mode(ssl::verify_peer);
+  beast::ssl_stream<beast::tcp_stream> stream(ioc, context);
+  beast::error_code literal_ec;
+  net::ip::make_address(request.host, literal_ec);
+  if (literal_ec) {  // a name: SNI and the name checked; an IP literal: the IP checked
+    SSL_set_tlsext_host_name(stream.native_handle(), request.host.c_str());
+    SSL_set1_host(stream.native_handle(), request.host.c_str());
+  } else {
+    X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(stream.native_handle()), request.host.c_str());
+  }
+  if (absl::Status s = connect(beast::get_lowest_layer(stream)); !s.ok()) return s;
+  beast::error_code ec;
+  bool done = false;
+  beast::get_lowest_layer(stream).expires_after(Left(end));
+  stream.async_handshake(ssl::stream_base::client, [&](beast::error_code e) {
+    ec = e;
+    done = true;
+  });
+  RunWatching(ioc, request.stop, [&] { beast::get_lowest_layer(stream).cancel(); });
+  if (!done) ec = net::error::operation_aborted;
+  if (ec) {
+    long verify = SSL_get_verify_result(stream.native_handle());
+    if (verify != X509_V_OK) {
+      return absl::PermissionDeniedError(fmt::format("{}: TLS: its certificate does not verify: {}",
+                                                     request.host,
+                                                     X509_verify_cert_error_string(verify)));
+    }
+    if (request.stop != nullptr && request.stop->load())
+      return absl::CancelledError(fmt::format("{}: stopped", request.host));
+    return absl::UnavailableError(fmt::format(
+        "{}: TLS: {}", request.host, ec == beast::error::timeout ? "timed out" : ec.message()));
+  }
+  return SiteRoundTrip(ioc, stream, request, end);
 }
 
 }  // namespace bcd

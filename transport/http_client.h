@@ -123,4 +123,38 @@ class DeviceConnection {
   std::unique_ptr<Impl> impl_;
 };
 
+// Whether a caller's request header may be sent: a token name, a value without line breaks or
+// NUL, and none of the framing headers the client sets itself (Host, Content-Length,
+// Transfer-Encoding, Connection).
+bool SafeRequestHeader(std::string_view name, std::string_view value);
+
+// One request into a site network for the control plane (site.httpProxy): http, or https verified
+// against the system's roots and `ca_file` (TLS 1.3, the host name or IP checked). The caller
+// resolved and checked the destination: only `addresses` are connected to (no second lookup a
+// name could answer differently), no proxy, one connection, redirects returned as they are. The
+// body is kept up to `max_body` bytes and the rest dropped (`truncated`).
+struct SiteHttpRequest {
+  std::string method;
+  std::string host;  // for Host, SNI and the certificate check (IPv6 without brackets)
+  uint16_t port = 80;
+  bool tls = false;
+  std::string target;                                        // the path and query
+  std::vector<std::string> addresses;                        // IP literals to connect to, in order
+  std::vector<std::pair<std::string, std::string>> headers;  // checked by the caller
+  std::string body;     // sent with Content-Length when not empty
+  std::string ca_file;  // more roots for https ("" = the system's only)
+  std::size_t max_body = 1 << 20;
+  std::chrono::milliseconds timeout{std::chrono::seconds(20)};
+  const std::atomic<bool>* stop = nullptr;
+};
+struct SiteHttpAnswer {
+  unsigned status = 0;
+  std::vector<std::pair<std::string, std::string>> headers;  // as sent, in order
+  std::string body;
+  bool truncated = false;
+};
+// Unavailable for connection, TLS and timeout failures (saying which); PermissionDenied for a
+// certificate that does not verify; Cancelled when `stop` turned true.
+absl::StatusOr<SiteHttpAnswer> HttpSiteExchange(const SiteHttpRequest& request);
+
 }  // namespace bcd

@@ -3,7 +3,8 @@
 // Site mode: what each datacenter site runs. Beyond the common kinds it drives the site's BMCs
 // (bmc.*, over Redfish or IPMI, one lane per BMC address: bmc_kinds.h) and boots bare metal
 // (boot.prepareRamdisk and boot.cleanUp feeding the boot server of [boot]: boot_kinds.h).
-// site.httpProxy comes to this folder, a handler registered in Attach.
+// and makes single HTTP requests into the site for the control plane (site.httpProxy:
+// http_proxy.h).
 
 #include "daemon/mode.h"
 #include "modes/common/common_kinds.h"
@@ -14,6 +15,8 @@ namespace bcd {
 struct SiteModeOptions {
   CommonSources sources;
   std::string ipmitool = "ipmitool";  // the program the IPMI kinds run
+  // How site.httpProxy resolves names (tests); the system's resolver when unset.
+  std::function<std::vector<std::string>(const std::string& host)> resolve;
 };
 
 class SiteMode final : public Mode {

@@ -140,6 +140,15 @@ TEST(Config, SiteBmcs) {
             (std::vector<std::string>{"10.0.0.7", "bmc-3.site"}));
   EXPECT_EQ(config->site().bmc_redfish_port, 8443);
   EXPECT_EQ(config->site().bmc_ipmi_port, 6230);
+  EXPECT_TRUE(config->site().http_proxy_allow.empty());
+  config = Config::Parse(Valid() +
+                             "[site]\nhttp_proxy_allow = [\"10.20.0.0/16:*\", \"[fd00::/8]:443\"]\n"
+                             "http_proxy_ca_file = \"/etc/bcd/site-ca.pem\"\n",
+                         "c.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_EQ(config->site().http_proxy_allow.size(), 2u);
+  EXPECT_EQ(config->site().http_proxy_allow[1].port, 443);
+  EXPECT_EQ(config->site().http_proxy_ca_file, "/etc/bcd/site-ca.pem");
 }
 
 TEST(ConfigErrors, SiteBmcs) {
@@ -151,6 +160,12 @@ TEST(ConfigErrors, SiteBmcs) {
             "c.toml:4: site.bmc_tls_unverified[0]: expected a BMC address, got \"a b\"");
   EXPECT_EQ(ErrorOf(Valid() + "[site]\nbmc_ipmi_port = 0\n"),
             "c.toml:4: site.bmc_ipmi_port: expected 1 to 65535, got 0");
+  EXPECT_EQ(ErrorOf(Valid() + "[site]\nhttp_proxy_allow = [\"switch.site:443\"]\n"),
+            "c.toml:4: site.http_proxy_allow[0]: expected an IP or CIDR block and a port: a name "
+            "is decided by the addresses it resolves to, got \"switch.site:443\"");
+  EXPECT_EQ(ErrorOf(Valid() + "[site]\nhttp_proxy_allow = [\"10.0.0.0/8\"]\n"),
+            "c.toml:4: site.http_proxy_allow[0]: expected HOST:PORT (PORT a number or *), got "
+            "\"10.0.0.0/8\"");
   EXPECT_EQ(ErrorOf(Valid() + "[site]\nbmc_redfish = 1\n"),
             "c.toml:4: site.bmc_redfish: unknown key");
 }
