@@ -2,10 +2,14 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cstring>
+
+#include "fmt/format.h"
 
 namespace bcd {
 
@@ -97,6 +101,39 @@ std::optional<std::pair<std::string, std::string_view>> SplitHostPort(std::strin
   std::size_t colon = text.rfind(':');
   if (colon == std::string_view::npos) return std::pair{std::string(text), std::string_view()};
   return std::pair{std::string(text.substr(0, colon)), text.substr(colon + 1)};
+}
+
+absl::StatusOr<Listening> ListenTcp(std::string_view what, const std::string& host, uint16_t port,
+                                    int backlog) {
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+  if (auto* v4 = reinterpret_cast<sockaddr_in*>(&storage);
+      inet_pton(AF_INET, host.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(port);
+    length = sizeof(sockaddr_in);
+  } else if (auto* v6 = reinterpret_cast<sockaddr_in6*>(&storage);
+             inet_pton(AF_INET6, host.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(port);
+    length = sizeof(sockaddr_in6);
+  } else {
+    return absl::InvalidArgumentError(fmt::format("{}: {} is not an IP address", what, host));
+  }
+  Listening listening{.fd = Fd(socket(storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0))};
+  int on = 1;
+  if (listening.fd) setsockopt(listening.fd.get(), SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+  if (!listening.fd ||
+      bind(listening.fd.get(), reinterpret_cast<sockaddr*>(&storage), length) != 0 ||
+      listen(listening.fd.get(), backlog) != 0) {
+    return absl::UnavailableError(
+        fmt::format("{}: cannot listen on {}:{}: {}", what, host, port, std::strerror(errno)));
+  }
+  getsockname(listening.fd.get(), reinterpret_cast<sockaddr*>(&storage), &length);
+  listening.port =
+      ntohs(storage.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&storage)->sin_port
+                                         : reinterpret_cast<sockaddr_in6*>(&storage)->sin6_port);
+  return listening;
 }
 
 }  // namespace bcd

@@ -8,6 +8,9 @@
 #include <string_view>
 #include <utility>
 
+#include "absl/status/statusor.h"
+#include "base/fd.h"
+
 namespace bcd {
 
 // An IP literal as its 4 or 16 bytes; nullopt when `text` is not one.
@@ -28,5 +31,16 @@ bool IsDnsName(std::string_view name);
 // Splits "host:port" or "[v6]:port" into its parts (the port may be empty); nullopt when
 // malformed.
 std::optional<std::pair<std::string, std::string_view>> SplitHostPort(std::string_view text);
+
+// A TCP socket listening on `host` (an IPv4 literal, or IPv6 without brackets) and `port` (0: a
+// free one), close-on-exec, with SO_REUSEADDR; and the port it got. Errors start with `what` (the
+// listener's name): InvalidArgument for a host that is not an IP literal, Unavailable when it
+// cannot bind or listen.
+struct Listening {
+  Fd fd;
+  uint16_t port = 0;
+};
+absl::StatusOr<Listening> ListenTcp(std::string_view what, const std::string& host, uint16_t port,
+                                    int backlog);
 
 }  // namespace bcd

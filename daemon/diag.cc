@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "base/metrics.h"
+#include "base/net.h"
 #include "fmt/format.h"
 #include "proto/absl_compat.h"
 
@@ -42,46 +43,15 @@ std::string Answer(http::status status, std::string body, bool head,
   return out.str();
 }
 
-// The address to bind: IPv4, or IPv6 without brackets.
-absl::StatusOr<std::pair<sockaddr_storage, socklen_t>> SocketAddress(const ListenAddress& listen) {
-  sockaddr_storage storage{};
-  if (auto* v4 = reinterpret_cast<sockaddr_in*>(&storage);
-      inet_pton(AF_INET, listen.host.c_str(), &v4->sin_addr) == 1) {
-    v4->sin_family = AF_INET;
-    v4->sin_port = htons(listen.port);
-    return std::pair{storage, socklen_t{sizeof(sockaddr_in)}};
-  }
-  if (auto* v6 = reinterpret_cast<sockaddr_in6*>(&storage);
-      inet_pton(AF_INET6, listen.host.c_str(), &v6->sin6_addr) == 1) {
-    v6->sin6_family = AF_INET6;
-    v6->sin6_port = htons(listen.port);
-    return std::pair{storage, socklen_t{sizeof(sockaddr_in6)}};
-  }
-  return absl::InvalidArgumentError(fmt::format("diag: {} is not an IP address", listen.host));
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DiagServer>> DiagServer::Start(DiagOptions options, Logger* log) {
   std::unique_ptr<DiagServer> server(new DiagServer(std::move(options)));
-  absl::StatusOr<std::pair<sockaddr_storage, socklen_t>> address =
-      SocketAddress(server->options_.listen);
-  if (!address.ok()) return address.status();
-  auto& [storage, length] = *address;
-  server->listen_fd_ = socket(storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  int on = 1;
-  setsockopt(server->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
-  if (server->listen_fd_ < 0 ||
-      bind(server->listen_fd_, reinterpret_cast<sockaddr*>(&storage), length) != 0 ||
-      listen(server->listen_fd_, 16) != 0) {
-    return absl::UnavailableError(fmt::format("diag: cannot listen on {}:{}: {}",
-                                              server->options_.listen.host,
-                                              server->options_.listen.port, std::strerror(errno)));
-  }
-  getsockname(server->listen_fd_, reinterpret_cast<sockaddr*>(&storage), &length);
-  server->port_ =
-      ntohs(storage.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&storage)->sin_port
-                                         : reinterpret_cast<sockaddr_in6*>(&storage)->sin6_port);
+  absl::StatusOr<Listening> listening =
+      ListenTcp("diag", server->options_.listen.host, server->options_.listen.port, 16);
+  if (!listening.ok()) return listening.status();
+  server->listen_fd_ = listening->fd.release();
+  server->port_ = listening->port;
   server->wake_fd_ = eventfd(0, EFD_CLOEXEC);
   if (server->wake_fd_ < 0) {
     return absl::InternalError(fmt::format("diag: eventfd: {}", std::strerror(errno)));

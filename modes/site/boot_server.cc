@@ -22,6 +22,7 @@
 #include <sstream>
 
 #include "base/fd.h"
+#include "base/net.h"
 #include "bettercompute/agent/v1/ramdisk.pb.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
@@ -69,24 +70,6 @@ BootServer::Reply Text(http::status status, std::string body, bool head_only = f
   reply.head = Head(status, type, body.size());
   if (!head_only) reply.body = std::move(body);
   return reply;
-}
-
-// The address to bind: IPv4, or IPv6 without brackets.
-absl::StatusOr<std::pair<sockaddr_storage, socklen_t>> SocketAddress(const ListenAddress& listen) {
-  sockaddr_storage storage{};
-  if (auto* v4 = reinterpret_cast<sockaddr_in*>(&storage);
-      inet_pton(AF_INET, listen.host.c_str(), &v4->sin_addr) == 1) {
-    v4->sin_family = AF_INET;
-    v4->sin_port = htons(listen.port);
-    return std::pair{storage, socklen_t{sizeof(sockaddr_in)}};
-  }
-  if (auto* v6 = reinterpret_cast<sockaddr_in6*>(&storage);
-      inet_pton(AF_INET6, listen.host.c_str(), &v6->sin6_addr) == 1) {
-    v6->sin6_family = AF_INET6;
-    v6->sin6_port = htons(listen.port);
-    return std::pair{storage, socklen_t{sizeof(sockaddr_in6)}};
-  }
-  return absl::InvalidArgumentError(fmt::format("boot: {} is not an IP address", listen.host));
 }
 
 std::string PeerOf(const sockaddr_storage& storage) {
@@ -152,24 +135,11 @@ absl::StatusOr<std::unique_ptr<BootServer>> BootServer::Start(BootServerOptions 
   if (options.entries == nullptr || !options.sign || !options.now)
     return absl::FailedPreconditionError("boot server: entries, a signer and a clock are needed");
   std::unique_ptr<BootServer> server(new BootServer(std::move(options), log));
-  absl::StatusOr<std::pair<sockaddr_storage, socklen_t>> address =
-      SocketAddress(server->options_.listen);
-  if (!address.ok()) return address.status();
-  auto& [storage, length] = *address;
-  server->listen_fd_ = socket(storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  int on = 1;
-  setsockopt(server->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
-  if (server->listen_fd_ < 0 ||
-      bind(server->listen_fd_, reinterpret_cast<sockaddr*>(&storage), length) != 0 ||
-      listen(server->listen_fd_, 128) != 0) {
-    return absl::UnavailableError(fmt::format("boot: cannot listen on {}:{}: {}",
-                                              server->options_.listen.host,
-                                              server->options_.listen.port, std::strerror(errno)));
-  }
-  getsockname(server->listen_fd_, reinterpret_cast<sockaddr*>(&storage), &length);
-  server->port_ =
-      ntohs(storage.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&storage)->sin_port
-                                         : reinterpret_cast<sockaddr_in6*>(&storage)->sin6_port);
+  absl::StatusOr<Listening> listening =
+      ListenTcp("boot", server->options_.listen.host, server->options_.listen.port, 128);
+  if (!listening.ok()) return listening.status();
+  server->listen_fd_ = listening->fd.release();
+  server->port_ = listening->port;
   server->wake_fd_ = eventfd(0, EFD_CLOEXEC);
   if (server->wake_fd_ < 0) {
     return absl::InternalError(fmt::format("boot: eventfd: {}", std::strerror(errno)));
