@@ -134,7 +134,8 @@ absl::StatusOr<std::unique_ptr<BootEntries>> BootEntries::Open(const std::filesy
   for (const nlohmann::json& item : j["entries"]) {
     absl::StatusOr<BootEntry> entry = FromJson(item);
     if (!entry.ok()) return corrupt(ToStd(entry.status().message()));
-    entries->entries_[entry->mac] = *std::move(entry);
+    std::string mac = entry->mac;
+    entries->entries_[mac] = *std::move(entry);
   }
   return entries;
 }

@@ -193,7 +193,8 @@ class HttpProxyHandler final : public TypedHandler<site::HttpProxyPayload, site:
     for (auto& [name, value] : answer->headers) {
       Redact(value, values);
       auto& slot = (*result.mutable_headers())[absl::AsciiStrToLower(ToAbsl(name))];
-      slot = slot.empty() ? value : slot + ", " + value;
+      if (!slot.empty()) slot += ", ";
+      slot += value;
     }
     Redact(answer->body, values);
     result.set_body(std::move(answer->body));
