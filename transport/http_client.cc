@@ -13,8 +13,8 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 #include <functional>
-#include <memory>
 #include <limits>
+#include <memory>
 #include <utility>
 
 #include "base/fd.h"
