@@ -60,7 +60,7 @@ class HttpProxy : public ::testing::Test {
         }});
     node_->gateway->AddSecret("site/auth", kSecret, {"wf-1", "step-1", ""});
     SiteModeOptions options;
-    options.resolve = [this](const std::string& host) -> std::vector<std::string> {
+    options.resolve = [](const std::string& host) -> std::vector<std::string> {
       if (host == "localhost" || host == "loopy.site") return {"127.0.0.1"};
       if (host == "nginx.site") return {"127.0.0.1"};
       return {};
