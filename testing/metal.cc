@@ -3,6 +3,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "base/files.h"
 #include "fmt/format.h"
 #include "pki/keys.h"
 #include "testing/child_process.h"
@@ -11,10 +12,7 @@ namespace bcd::testing {
 namespace {
 
 std::string ReadAll(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
+  return ReadWholeFile(path, std::size_t{1} << 30).value_or("");
 }
 
 }  // namespace

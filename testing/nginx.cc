@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "base/files.h"
 #include "fmt/format.h"
 #include "testing/child_process.h"
 
@@ -19,10 +20,7 @@ namespace {
 constexpr char kNginx[] = "/usr/sbin/nginx";
 
 std::string ReadAll(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
+  return ReadWholeFile(path, std::size_t{1} << 30).value_or("");
 }
 
 }  // namespace

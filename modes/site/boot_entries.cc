@@ -1,7 +1,9 @@
 #include "modes/site/boot_entries.h"
 
 #include <openssl/crypto.h>
+#include <openssl/evp.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/files.h"
 #include "fmt/format.h"
@@ -88,6 +90,24 @@ std::string_view TokenRefusalName(TokenRefusal refusal) {
       return "the boot entry expired";
   }
   return "refused";
+}
+
+std::optional<std::string> Sha256OfFile(int fd) {
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> sha(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  EVP_DigestInit_ex(sha.get(), EVP_sha256(), nullptr);
+  std::vector<char> chunk(1 << 20);
+  for (off_t offset = 0;;) {
+    ssize_t n = pread(fd, chunk.data(), chunk.size(), offset);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return std::nullopt;
+    if (n == 0) break;
+    EVP_DigestUpdate(sha.get(), chunk.data(), static_cast<std::size_t>(n));
+    offset += n;
+  }
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  EVP_DigestFinal_ex(sha.get(), digest, &size);
+  return std::string(reinterpret_cast<char*>(digest), size);
 }
 
 std::optional<std::string> NormalMac(std::string_view text) {

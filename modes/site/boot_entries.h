@@ -73,6 +73,10 @@ class BootEntries {
   std::map<std::string, BootEntry> entries_ ABSL_GUARDED_BY(mu_);  // by MAC
 };
 
+// The sha256 (raw) of what `fd` holds, read with pread from the start; nullopt on a read error.
+// The kinds check downloads with it, the server cached files.
+std::optional<std::string> Sha256OfFile(int fd);
+
 // "aa:bb:cc:dd:ee:ff" from that or "AA-BB-CC-DD-EE-FF" (iPXE's ${mac:hexhyp}); nullopt when it is
 // not a MAC.
 std::optional<std::string> NormalMac(std::string_view text);

@@ -1,7 +1,6 @@
 #include "modes/site/boot_kinds.h"
 
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -62,23 +61,6 @@ bool TokenText(std::string_view text) {
       return false;
   }
   return true;
-}
-
-std::string Sha256OfFile(int fd) {
-  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> sha(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  EVP_DigestInit_ex(sha.get(), EVP_sha256(), nullptr);
-  std::vector<char> chunk(1 << 20);
-  for (off_t offset = 0;;) {
-    ssize_t n = pread(fd, chunk.data(), chunk.size(), offset);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    EVP_DigestUpdate(sha.get(), chunk.data(), static_cast<std::size_t>(n));
-    offset += n;
-  }
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int size = 0;
-  EVP_DigestFinal_ex(sha.get(), digest, &size);
-  return {reinterpret_cast<char*>(digest), size};
 }
 
 // Brings `url` into the cache as <hex of sha256>, checked against it.

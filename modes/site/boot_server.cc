@@ -5,7 +5,6 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <openssl/evp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/sendfile.h>
@@ -416,27 +415,14 @@ Fd BootServer::OpenVerified(const std::string& sha256) {
       return file;
     }
   }
-  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> sha(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  EVP_DigestInit_ex(sha.get(), EVP_sha256(), nullptr);
-  std::vector<char> chunk(1 << 20);
-  for (off_t offset = 0;;) {
-    ssize_t n = pread(file.get(), chunk.data(), chunk.size(), offset);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      log_->Warn("boot.cache_missing", {{"file", path.string()}, {"error", std::strerror(errno)}});
-      return Fd();
-    }
-    if (n == 0) break;
-    EVP_DigestUpdate(sha.get(), chunk.data(), static_cast<std::size_t>(n));
-    offset += n;
+  std::optional<std::string> got = Sha256OfFile(file.get());
+  if (!got) {
+    log_->Warn("boot.cache_missing", {{"file", path.string()}, {"error", std::strerror(errno)}});
+    return Fd();
   }
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int size = 0;
-  EVP_DigestFinal_ex(sha.get(), digest, &size);
-  std::string got(reinterpret_cast<char*>(digest), size);
-  if (got != sha256) {
+  if (*got != sha256) {
     log_->Error("boot.cache_mismatch",
-                {{"file", path.string()}, {"want", pki::Hex(sha256)}, {"got", pki::Hex(got)}});
+                {{"file", path.string()}, {"want", pki::Hex(sha256)}, {"got", pki::Hex(*got)}});
     return Fd();
   }
   MutexLock lock(mu_);

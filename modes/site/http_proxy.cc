@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "absl/strings/ascii.h"
@@ -149,14 +150,13 @@ class HttpProxyHandler final : public TypedHandler<site::HttpProxyPayload, site:
                         fmt::format("{} is not a destination site.httpProxy may reach: {}",
                                     url.host(), absl::StrJoin(refused, "; "))));
     }
-    std::vector<std::string> refs, names;
-    for (const auto& [name, ref] : p.secret_headers()) {
+    // In name order (a map's order is unspecified), so values pair with names.
+    std::map<std::string, std::string> secret(p.secret_headers().begin(), p.secret_headers().end());
+    std::vector<std::string> names, refs;
+    for (const auto& [name, ref] : secret) {
       names.push_back(name);
       refs.push_back(ref);
     }
-    std::sort(names.begin(), names.end());  // map order is unspecified: pair names with refs again
-    refs.clear();
-    for (const std::string& name : names) refs.push_back(p.secret_headers().at(name));
     std::vector<std::string> values;
     if (!refs.empty()) {
       absl::StatusOr<std::vector<std::string>> got = secrets_->ResolveFor(command, refs);
